@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Idempotent machine set-up for Corral on Debian/Ubuntu, run as root.
+#
+# Installs what is missing from Debian's packages, registers the gVisor runtimes with dockerd, starts dockerd when it
+# is not answering, creates .venv, and builds the base image corral/workspace:base when it is missing or stale.
+# Every step checks before it acts, so a second run takes seconds.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
+die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root: it installs packages and starts dockerd"
+command -v apt-get >/dev/null || die "needs a Debian or Ubuntu machine (apt-get not found)"
+
+# --- 1. Debian packages -------------------------------------------------------------------------------------------
+packages=(docker.io runsc mmdebstrap iptables iproute2 e2fsprogs git ca-certificates)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then missing+=(python3-venv); fi
+if [ ${#missing[@]} -gt 0 ]; then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- 2. gVisor runtimes in /etc/docker/daemon.json ----------------------------------------------------------------
+# Two entries because on kernels like this one runsc cannot join Docker's bridge network ("cannot run with network
+# enabled in root network namespace"): `runsc` has no network at all (isolated workspaces), `runsc-net` uses
+# --network=host, which inside Docker's per-container network namespace gives the sandbox its own eth0.
+runsc_path=$(command -v runsc)
+mkdir -p /etc/docker
+changed=$(python3 - "$runsc_path" <<'PY'
+import json, pathlib, sys
+path = pathlib.Path("/etc/docker/daemon.json")
+cfg = json.loads(path.read_text()) if path.exists() and path.read_text().strip() else {}
+want = {
+    "runsc": {"path": sys.argv[1], "runtimeArgs": ["--network=none"]},
+    "runsc-net": {"path": sys.argv[1], "runtimeArgs": ["--network=host"]},
+}
+runtimes = cfg.setdefault("runtimes", {})
+if all(runtimes.get(k) == v for k, v in want.items()):
+    print("no")
+else:
+    runtimes.update(want)
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    print("yes")
+PY
+)
+
+# --- 3. dockerd ---------------------------------------------------------------------------------------------------
+docker_ok() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+if docker_ok; then
+    if [ "$changed" = yes ]; then
+        log "reloading dockerd to pick up the gVisor runtimes"
+        pkill -HUP -x dockerd || true
+        sleep 1
+    fi
+else
+    log "starting dockerd (log: /var/log/corral-dockerd.log)"
+    # setsid: dockerd must outlive this script and the make process that ran it.
+    setsid nohup dockerd >/var/log/corral-dockerd.log 2>&1 < /dev/null &
+    for _ in $(seq 1 120); do docker_ok && break; sleep 0.5; done
+    docker_ok || die "dockerd did not answer within 60 s; see /var/log/corral-dockerd.log"
+fi
+docker info --format '{{json .Runtimes}}' | grep -q '"runsc"' || die "dockerd does not list the runsc runtime"
+
+# --- 4. virtualenv ------------------------------------------------------------------------------------------------
+stamp=.venv/.corral-installed
+want_stamp=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    python3 -m venv .venv
+fi
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
+    log "installing corral and its dependencies into .venv"
+    .venv/bin/pip install -q --upgrade pip
+    .venv/bin/pip install -q -e '.[dev]'
+    echo "$want_stamp" > "$stamp"
+fi
+
+# --- 5. base image ------------------------------------------------------------------------------------------------
+.venv/bin/corral image build --if-missing
+log "ready"

@@ -1,0 +1,270 @@
+"""A small async client for the Docker Engine API over its Unix socket.
+
+Only what the docker and gvisor providers need: containers, volumes, images, and ``exec`` with a hijacked stdin/stdout
+stream (how the guest agent is reached). JSON calls go through httpx; the hijacked exec stream is a raw asyncio
+connection, because an HTTP client cannot hand over the socket after ``101 Switching Protocols``.
+
+API version 1.41 (Docker 20.10, Debian bookworm's docker.io) is pinned; newer engines still serve it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+__all__ = ["DockerAPIError", "DockerEngine", "ExecStream"]
+
+log = logging.getLogger(__name__)
+API_VERSION = "v1.41"
+
+
+class DockerAPIError(Exception):
+    """A non-2xx answer from the engine, or the engine could not be reached (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status})" if status else message)
+        self.status = status
+        self.message = message
+
+
+class ExecStream:
+    """A running ``docker exec`` with stdin attached: write to ``writer``, read stdout from ``reader``.
+
+    Docker multiplexes stdout and stderr on one socket (8-byte headers); a background task splits them, feeding stdout
+    to ``reader`` and handing stderr lines to ``on_stderr``.
+    """
+
+    def __init__(
+        self,
+        sock_reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        on_stderr: Callable[[bytes], None],
+    ) -> None:
+        self.reader = asyncio.StreamReader(limit=2**24)
+        self.writer = writer
+        self._sock_reader = sock_reader
+        self._on_stderr = on_stderr
+        self._task = asyncio.create_task(self._demux(), name="docker-exec-demux")
+
+    async def _demux(self) -> None:
+        try:
+            while True:
+                header = await self._sock_reader.readexactly(8)
+                size = struct.unpack(">I", header[4:])[0]
+                data = await self._sock_reader.readexactly(size)
+                if header[0] == 2:
+                    self._on_stderr(data)
+                else:
+                    self.reader.feed_data(data)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass
+        finally:
+            self.reader.feed_eof()
+
+
+class DockerEngine:
+    """Async Docker Engine API client bound to one Unix socket."""
+
+    def __init__(self, socket_path: str, *, timeout_s: float = 60.0) -> None:
+        self.socket_path = socket_path
+        self._http = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=socket_path),
+            base_url=f"http://docker/{API_VERSION}",
+            timeout=httpx.Timeout(timeout_s, connect=5.0),
+        )
+
+    @classmethod
+    def from_url(cls, url: str) -> DockerEngine:
+        """Build from ``unix:///var/run/docker.sock`` (the only scheme Corral supports)."""
+        if not url.startswith("unix://"):
+            raise ValueError(f"CORRAL_DOCKER_HOST must be a unix:// socket URL, got {url!r}")
+        return cls(url.removeprefix("unix://"))
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""
+        await self._http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        body: Any = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """One JSON call; returns the decoded body (or None) and raises DockerAPIError for failures."""
+        try:
+            resp = await self._http.request(
+                method,
+                path,
+                params=params,
+                json=body,
+                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
+            )
+        except httpx.TransportError as exc:
+            raise DockerAPIError(0, f"Docker engine at {self.socket_path} is unreachable: {exc}") from exc
+        if resp.status_code >= 400:
+            try:
+                message = resp.json().get("message", resp.text)
+            except ValueError:
+                message = resp.text
+            raise DockerAPIError(resp.status_code, str(message).strip())
+        if not resp.content:
+            return None
+        if resp.headers.get("content-type", "").startswith("application/json"):
+            return resp.json()
+        return resp.text
+
+    # --- engine --------------------------------------------------------------------------------------------------
+
+    async def ping(self, timeout: float = 2.0) -> None:
+        """Raise DockerAPIError unless the engine answers ``/_ping``."""
+        await self.request("GET", "/_ping", timeout=timeout)
+
+    async def info(self) -> dict[str, Any]:
+        """``docker info`` as JSON."""
+        result: dict[str, Any] = await self.request("GET", "/info", timeout=10.0)
+        return result
+
+    # --- images --------------------------------------------------------------------------------------------------
+
+    async def image_exists(self, name: str) -> bool:
+        """True when the image is present locally (never pulls)."""
+        try:
+            await self.request("GET", f"/images/{quote(name, safe='')}/json")
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    # --- volumes -------------------------------------------------------------------------------------------------
+
+    async def create_volume(self, name: str, labels: dict[str, str]) -> None:
+        """Create a named volume with the local driver."""
+        await self.request("POST", "/volumes/create", body={"Name": name, "Labels": labels, "Driver": "local"})
+
+    async def inspect_volume(self, name: str) -> dict[str, Any] | None:
+        """The volume's description, or None when it does not exist."""
+        try:
+            result: dict[str, Any] = await self.request("GET", f"/volumes/{quote(name, safe='')}")
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def remove_volume(self, name: str) -> None:
+        """Remove a volume; a missing one is fine."""
+        try:
+            await self.request("DELETE", f"/volumes/{quote(name, safe='')}", params={"force": "true"})
+        except DockerAPIError as exc:
+            if exc.status != 404:
+                raise
+
+    async def list_volumes(self, label: str) -> list[dict[str, Any]]:
+        """Volumes carrying ``label`` (``key`` or ``key=value``)."""
+        result = await self.request("GET", "/volumes", params={"filters": json.dumps({"label": [label]})})
+        volumes: list[dict[str, Any]] = (result or {}).get("Volumes") or []
+        return volumes
+
+    # --- containers ----------------------------------------------------------------------------------------------
+
+    async def create_container(self, name: str, config: dict[str, Any]) -> str:
+        """Create (not start) a container; returns its id."""
+        result = await self.request("POST", "/containers/create", params={"name": name}, body=config)
+        return str(result["Id"])
+
+    async def start_container(self, ref: str) -> None:
+        """Start a created container."""
+        await self.request("POST", f"/containers/{quote(ref, safe='')}/start")
+
+    async def inspect_container(self, ref: str) -> dict[str, Any] | None:
+        """The container's description, or None when it does not exist."""
+        try:
+            result: dict[str, Any] = await self.request("GET", f"/containers/{quote(ref, safe='')}/json")
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
+    async def remove_container(self, ref: str) -> None:
+        """Kill and remove a container (anonymous volumes too); a missing one is fine."""
+        try:
+            await self.request("DELETE", f"/containers/{quote(ref, safe='')}", params={"force": "true", "v": "true"})
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return
+            if exc.status == 409 and "already in progress" in exc.message:
+                return  # a concurrent destroy got there first
+            raise
+
+    async def list_containers(self, label: str) -> list[dict[str, Any]]:
+        """Containers (running or not) carrying ``label``."""
+        params = {"all": "true", "filters": json.dumps({"label": [label]})}
+        result: list[dict[str, Any]] = await self.request("GET", "/containers/json", params=params)
+        return result
+
+    async def container_stats(self, ref: str) -> dict[str, Any]:
+        """One stats sample (no streaming)."""
+        result: dict[str, Any] = await self.request(
+            "GET", f"/containers/{quote(ref, safe='')}/stats", params={"stream": "false"}
+        )
+        return result
+
+    # --- exec ----------------------------------------------------------------------------------------------------
+
+    async def exec_attached(
+        self, container: str, cmd: list[str], *, on_stderr: Callable[[bytes], None], user: str = ""
+    ) -> ExecStream:
+        """Start ``cmd`` in a running container with stdin, stdout and stderr attached over a hijacked socket."""
+        created = await self.request(
+            "POST",
+            f"/containers/{quote(container, safe='')}/exec",
+            body={
+                "AttachStdin": True,
+                "AttachStdout": True,
+                "AttachStderr": True,
+                "Tty": False,
+                "Cmd": cmd,
+                "User": user,
+            },
+        )
+        exec_id = created["Id"]
+        reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=2**24)
+        try:
+            body = json.dumps({"Detach": False, "Tty": False}).encode()
+            writer.write(
+                (
+                    f"POST /{API_VERSION}/exec/{exec_id}/start HTTP/1.1\r\n"
+                    "Host: docker\r\nContent-Type: application/json\r\n"
+                    "Connection: Upgrade\r\nUpgrade: tcp\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+            status_line = head.split(b"\r\n", 1)[0]
+            parts = status_line.split(b" ", 2)
+            status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+            if status not in (101, 200):
+                rest = await asyncio.wait_for(reader.read(65536), 5)
+                text = rest.decode(errors="replace")
+                with contextlib.suppress(ValueError):
+                    text = json.loads(text[text.index("{") :]).get("message", text)
+                raise DockerAPIError(status, f"exec start failed: {text.strip() or status_line.decode().strip()}")
+        except BaseException:
+            writer.close()
+            raise
+        return ExecStream(reader, writer, on_stderr)

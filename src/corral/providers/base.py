@@ -1,0 +1,413 @@
+"""The provider contract: what every backend (Firecracker, gVisor, Docker, E2B, HTTP, fake) implements.
+
+A provider knows *where a workspace lives* and *how to reach it*; it knows nothing of agent types, sessions or the
+HTTP API. The orchestrator hands it a :class:`WorkspaceSpec` with an id Corral chose, and from then on addresses the
+workspace by that id. Values crossing the boundary are frozen dataclasses; errors are those of :mod:`corral.errors`.
+
+Behaviour every provider guarantees (checked by :mod:`corral.testing.conformance`):
+
+* ``create`` returns when the workspace can run commands; ``destroy`` is idempotent; after ``destroy`` every exec
+  and file call raises :class:`~corral.errors.SandboxNotFoundError` or :class:`~corral.errors.SandboxDestroyedError`.
+* ``stop`` keeps everything under ``/workspace``; ``resume`` brings the workspace back with that state.
+* ``exec`` in ``shell`` mode runs ``/bin/sh -c`` with the arguments shell-quoted; in ``argv`` mode no shell is ever
+  involved. A nonzero exit is a result; a deadline kills the process group and raises
+  :class:`~corral.errors.ExecTimeoutError` carrying the partial output.
+* File operations take absolute paths inside the sandbox (relative ones are taken from ``/workspace``);
+  ``write_file`` creates missing parents; reads and writes stream, so a 10 MB file is never held twice.
+* ``health`` is fast and has no side effects.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import shlex
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal, Protocol, runtime_checkable
+
+from corral.errors import InvalidRequestError
+
+__all__ = [
+    "WORKSPACE_ROOT",
+    "Capabilities",
+    "ExecExit",
+    "ExecMode",
+    "ExecOutput",
+    "ExecRequest",
+    "ExecResult",
+    "FileInfo",
+    "Health",
+    "NetworkMode",
+    "ResourceLimits",
+    "SandboxState",
+    "WorkspaceProvider",
+    "WorkspaceSpec",
+    "check_path",
+    "parse_cpu",
+    "parse_size",
+]
+
+WORKSPACE_ROOT = "/workspace"
+"""Where the workspace volume is mounted in every sandbox, and where relative paths start."""
+
+NetworkMode = Literal["isolated", "default"]
+ContainerType = Literal["agent_workspace", "mcp_server"]
+
+
+class ExecMode(enum.StrEnum):
+    """How ``ExecRequest.command`` and ``args`` become a process."""
+
+    SHELL = "shell"
+    """``/bin/sh -c 'command arg1 arg2'`` with every arg shell-quoted."""
+    ARGV = "argv"
+    """``command`` is executed directly with ``args`` as literal arguments; no shell is ever involved."""
+
+
+class SandboxState(enum.StrEnum):
+    """What the runtime says about a workspace, as seen by ``WorkspaceProvider.state``."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+    MISSING = "missing"
+
+
+# --- resource limits ----------------------------------------------------------------------------------------------
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+SIZE_FORMAT_HELP = 'a size such as "512M", "4G" or "10Gi" (units B, K, M, G, T; powers of 1024)'
+CPU_FORMAT_HELP = 'a number of CPUs such as "2", "0.5" or "1500m"'
+
+
+def parse_size(value: object, *, field_name: str) -> int:
+    """Parse ``"4G"``, ``"512Mi"``, ``"1024"`` (bytes) or an int into bytes.
+
+    Raises:
+        InvalidRequestError: naming ``field_name`` and the accepted format.
+    """
+    if isinstance(value, bool):
+        raise InvalidRequestError(f"{field_name}: {value!r} is not {SIZE_FORMAT_HELP}", details={"field": field_name})
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        number, unit = float(m.group(1)), (m.group(2) or "").lower()[:1]
+    else:
+        raise InvalidRequestError(f"{field_name}: {value!r} is not {SIZE_FORMAT_HELP}", details={"field": field_name})
+    size = int(number * _SIZE_UNITS[unit])
+    if size <= 0:
+        raise InvalidRequestError(f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name})
+    return size
+
+
+def parse_cpu(value: object, *, field_name: str = "cpu") -> float:
+    """Parse ``"2"``, ``2``, ``"0.5"`` or ``"1500m"`` (millicores) into a number of CPUs."""
+    cpus: float | None = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        cpus = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        try:
+            cpus = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+        except ValueError:
+            cpus = None
+    if cpus is None or not math.isfinite(cpus):
+        raise InvalidRequestError(f"{field_name}: {value!r} is not {CPU_FORMAT_HELP}", details={"field": field_name})
+    if cpus <= 0:
+        raise InvalidRequestError(f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name})
+    return cpus
+
+
+def format_size(size: int) -> str:
+    """The shortest exact spelling of a byte count: ``4294967296 -> "4G"``."""
+    for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size % factor == 0:
+            return f"{size // factor}{unit}"
+    return str(size)
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceLimits:
+    """CPU, memory and disk for one workspace, already validated."""
+
+    cpu: float = 2.0
+    memory_bytes: int = 4 * 1024**3
+    disk_bytes: int = 10 * 1024**3
+
+    MIN_MEMORY = 64 * 1024**2
+    MIN_DISK = 64 * 1024**2
+    MAX_CPU = 256.0
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, object] | None, *, defaults: ResourceLimits | None = None) -> ResourceLimits:
+        """Build limits from API input like ``{"cpu": "2", "memory": "4G", "disk": "10G"}``.
+
+        Missing keys come from ``defaults``. Every problem is collected, so one error names all of them.
+        """
+        base = defaults or cls()
+        raw = raw or {}
+        problems: list[str] = []
+        unknown = sorted(set(raw) - {"cpu", "memory", "disk"})
+        if unknown:
+            problems.append(f"unknown resource limit(s) {unknown}; allowed: cpu, memory, disk")
+        cpu, memory, disk = base.cpu, base.memory_bytes, base.disk_bytes
+        try:
+            if raw.get("cpu") is not None:
+                cpu = parse_cpu(raw["cpu"], field_name="resource_limits.cpu")
+                if cpu > cls.MAX_CPU:
+                    problems.append(f"resource_limits.cpu: {raw['cpu']!r} is more than {cls.MAX_CPU:g} CPUs")
+        except InvalidRequestError as exc:
+            problems.append(exc.message)
+        try:
+            if raw.get("memory") is not None:
+                memory = parse_size(raw["memory"], field_name="resource_limits.memory")
+                if memory < cls.MIN_MEMORY:
+                    problems.append(f"resource_limits.memory: {raw['memory']!r} is below the minimum of 64M")
+        except InvalidRequestError as exc:
+            problems.append(exc.message)
+        try:
+            if raw.get("disk") is not None:
+                disk = parse_size(raw["disk"], field_name="resource_limits.disk")
+                if disk < cls.MIN_DISK:
+                    problems.append(f"resource_limits.disk: {raw['disk']!r} is below the minimum of 64M")
+        except InvalidRequestError as exc:
+            problems.append(exc.message)
+        if problems:
+            raise InvalidRequestError("; ".join(problems), details={"problems": problems})
+        return cls(cpu=cpu, memory_bytes=memory, disk_bytes=disk)
+
+    def to_json(self) -> dict[str, str]:
+        """The API spelling: ``{"cpu": "2", "memory": "4G", "disk": "10G"}``."""
+        return {"cpu": f"{self.cpu:g}", "memory": format_size(self.memory_bytes), "disk": format_size(self.disk_bytes)}
+
+
+# --- workspace spec -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceSpec:
+    """Everything a provider needs to create one workspace. ``id`` is chosen by Corral, not by the provider."""
+
+    id: str
+    image: str
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    network: NetworkMode = "isolated"
+    container_type: ContainerType = "agent_workspace"
+    env: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+# --- exec ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """One command to run in a workspace."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    mode: ExecMode = ExecMode.SHELL
+    cwd: str = WORKSPACE_ROOT
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float | None = None
+    """Deadline for the whole command; ``None`` means the provider's default (no deadline for streams)."""
+
+    def argv(self) -> list[str]:
+        """The process arguments this request stands for, as seed 002 defines the two modes."""
+        if self.mode is ExecMode.ARGV:
+            return [self.command, *self.args]
+        script = " ".join([self.command, *(shlex.quote(a) for a in self.args)]) if self.args else self.command
+        return ["/bin/sh", "-c", script]
+
+    def validate(self) -> None:
+        """Reject requests no runtime could run, with a message naming the field."""
+        if not self.command:
+            raise InvalidRequestError("command: must not be empty", details={"field": "command"})
+        for name, value in [("command", self.command), *(("args", a) for a in self.args), ("cwd", self.cwd)]:
+            if "\x00" in value:
+                raise InvalidRequestError(f"{name}: must not contain a NUL byte", details={"field": name})
+        for key in self.env:
+            if not key or "=" in key or "\x00" in key:
+                raise InvalidRequestError(f"env: invalid variable name {key!r}", details={"field": "env"})
+        if self.timeout_s is not None and not (0 < self.timeout_s <= 24 * 3600):
+            raise InvalidRequestError(
+                f"timeout_s: must be between 0 and 86400 seconds, got {self.timeout_s}", details={"field": "timeout_s"}
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    """The outcome of a finished command. ``exit_code`` is nonzero when the command failed; that is not an error."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_ms: float
+    truncated: bool = False
+    """True when output passed the provider's cap and the rest was dropped."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecOutput:
+    """A chunk of output, yielded by ``exec_stream`` as soon as the process writes it."""
+
+    stream: Literal["stdout", "stderr"]
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ExecExit:
+    """The last item of ``exec_stream``: the command has finished."""
+
+    exit_code: int
+    duration_ms: float
+
+
+ExecEvent = ExecOutput | ExecExit
+
+
+# --- files --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FileInfo:
+    """What ``stat`` and ``list`` report about one path. ``mode`` holds the permission bits only."""
+
+    path: str
+    name: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+    symlink_target: str | None = None
+
+
+def check_path(path: str, *, field_name: str = "path") -> str:
+    """Validate a sandbox path and make it absolute (relative paths start at ``/workspace``).
+
+    Raises:
+        InvalidRequestError: for an empty path or one holding a NUL byte.
+    """
+    if not isinstance(path, str) or not path.strip():
+        raise InvalidRequestError(f"{field_name}: must be a non-empty path", details={"field": field_name})
+    if "\x00" in path:
+        raise InvalidRequestError(f"{field_name}: must not contain a NUL byte", details={"field": field_name})
+    return path if path.startswith("/") else f"{WORKSPACE_ROOT}/{path}"
+
+
+# --- health and capabilities --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A provider's answer to "can you create workspaces right now?"."""
+
+    healthy: bool
+    error: str | None = None
+    checked_at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    latency_ms: float = 0.0
+    details: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a provider offers, what it needs from the host, and what it has left."""
+
+    isolation: Literal["microvm", "gvisor", "container", "remote", "none"]
+    persistence: bool
+    snapshots: bool
+    warm_pool: bool
+    streaming: bool
+    disk_limit: Literal["enforced", "monitored", "none"]
+    """"enforced": the runtime refuses writes past the limit; "monitored": usage is watched and a warning is given."""
+    requirements: tuple[str, ...]
+    startup_latency_ms: float
+    """Expected create latency; measured on this host once the provider has created workspaces."""
+    resources: Mapping[str, object] = field(default_factory=dict)
+    """Current availability, e.g. ``{"cpu_count": 2, "memory_bytes": ..., "disk_free_bytes": ...}``."""
+
+
+# --- the contract -------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class WorkspaceProvider(Protocol):
+    """One backend. Every method addresses the workspace by the id given in its :class:`WorkspaceSpec`."""
+
+    name: str
+
+    async def create(self, spec: WorkspaceSpec) -> None:
+        """Create and start the workspace; return when it can run commands.
+
+        Raises:
+            ProviderUnavailableError: the runtime cannot serve (missing, unreachable, misconfigured).
+            ResourceLimitError: the requested limits cannot be granted.
+        """
+
+    async def destroy(self, workspace_id: str) -> None:
+        """Remove every runtime object of the workspace. Idempotent: destroying a missing workspace is fine."""
+
+    async def stop(self, workspace_id: str) -> None:
+        """Stop the workspace's processes and free CPU and memory; ``/workspace`` is kept."""
+
+    async def resume(self, workspace_id: str) -> None:
+        """Bring a stopped workspace back with its ``/workspace`` intact. Resuming a running one is a no-op."""
+
+    async def state(self, workspace_id: str) -> SandboxState:
+        """What the runtime holds for this workspace right now."""
+
+    async def list_workspaces(self) -> list[str]:
+        """Ids of every workspace this provider holds runtime objects for (running or stopped)."""
+
+    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
+        """Run a command to completion. Nonzero exits are results; a passed deadline raises ExecTimeoutError."""
+
+    def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """Run a command, yielding :class:`ExecOutput` chunks as produced and one :class:`ExecExit` last.
+
+        Closing the iterator early kills the command.
+        """
+
+    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+        """Open a file and return an iterator over its content in chunks.
+
+        Errors about the path (missing, a directory) are raised here, before the first chunk. The caller must
+        consume or ``aclose()`` the iterator.
+        """
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+    ) -> int:
+        """Write a file, creating missing parent directories; return the number of bytes written."""
+
+    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+        """The entries of a directory, sorted by name."""
+
+    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
+        """Remove a file, or a directory (non-empty ones only with ``recursive``)."""
+
+    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst``, creating ``dst``'s parent directories."""
+
+    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+        """Set permission bits."""
+
+    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+        """Information about one path, without following a final symlink."""
+
+    async def glob(self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000) -> list[str]:
+        """Absolute paths under ``root`` matching ``pattern`` (``**`` matches any depth), sorted, at most ``limit``."""
+
+    async def realpath(self, workspace_id: str, path: str) -> str:
+        """The path with every symlink resolved (missing trailing components are kept as they are)."""
+
+    async def health(self) -> Health:
+        """Fast, side-effect-free check that the provider can create workspaces now."""
+
+    async def capabilities(self) -> Capabilities:
+        """Features, host requirements, expected startup latency and current resources."""
+
+    async def aclose(self) -> None:
+        """Release connections and background tasks. Workspaces are left as they are."""

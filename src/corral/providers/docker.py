@@ -1,0 +1,543 @@
+"""The ``docker`` provider: workspaces as Docker containers under runc. Also the engine behind ``gvisor``.
+
+Layout of one workspace ``{id}`` (seed 003):
+
+* volume ``agent-workspace-{id}`` mounted at ``/workspace``; it also carries the workspace spec in a label, so a
+  stopped workspace can be resumed by any server process without a database;
+* container ``corral-{id}`` running ``sleep infinity`` under Docker's init, hardened: no new privileges, every
+  capability dropped but the few a dev workspace needs, a pids limit, CPU and memory limits, no host paths or
+  sockets mounted, and no network at all in ``isolated`` mode;
+* both labelled ``corral.workspace.id={id}`` and ``corral.provider={name}``.
+
+Stop removes the container and keeps the volume; resume creates a new container on the same volume. Exec and file
+calls go to the guest agent (:mod:`corral.guest.agent`), started once per container with ``docker exec -i`` and then
+reused for every call: one round trip over an open stream instead of a new ``docker exec`` per call.
+
+Plain runc shares the host kernel: every create logs a security warning saying isolation is reduced. Prefer gvisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterable, AsyncIterator
+from importlib import resources
+from typing import Any
+
+from corral.errors import (
+    CorralError,
+    ExecTimeoutError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+    ResourceLimitError,
+    SandboxNotFoundError,
+    WorkspaceStateError,
+)
+from corral.guest.client import GuestConnection, GuestConnectionLost
+from corral.providers._docker_engine import DockerAPIError, DockerEngine
+from corral.providers.base import (
+    WORKSPACE_ROOT,
+    Capabilities,
+    ExecEvent,
+    ExecExit,
+    ExecOutput,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    Health,
+    NetworkMode,
+    ResourceLimits,
+    SandboxState,
+    WorkspaceSpec,
+    check_path,
+)
+
+__all__ = ["DockerProvider", "volume_name"]
+
+log = logging.getLogger(__name__)
+
+LABEL_ID = "corral.workspace.id"
+LABEL_PROVIDER = "corral.provider"
+LABEL_SPEC = "corral.spec"
+
+# What a development workspace needs: file ownership and permissions (package managers, git), signals to its own
+# processes, and switching users (su, sudo-less tools that drop privileges). Everything else (NET_RAW, MKNOD,
+# SYS_CHROOT, AUDIT_WRITE, SETPCAP, NET_BIND_SERVICE, SETFCAP...) is dropped.
+WORKSPACE_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
+AGENT_START_TIMEOUT_S = 30.0
+EXEC_GRACE_S = 15.0
+"""How long past a command's own deadline the host waits for the agent to report the kill, before giving up."""
+
+
+def volume_name(workspace_id: str) -> str:
+    """The Docker volume holding ``/workspace`` (seed 003's name)."""
+    return f"agent-workspace-{workspace_id}"
+
+
+def container_name(workspace_id: str) -> str:
+    """The Docker container of a running workspace."""
+    return f"corral-{workspace_id}"
+
+
+# The agent's source travels over the exec's stdin (length line, then the source), so nothing is written into the
+# workspace, any image with python3 works, and the process list shows one short line. -I ignores the environment
+# and user site; -S skips `site` for a faster start.
+AGENT_BOOT = (
+    "import sys;n=int(sys.stdin.buffer.readline());"
+    "exec(compile(sys.stdin.buffer.read(n),'corral-agent','exec'))"
+)
+AGENT_COMMAND = ["python3", "-I", "-S", "-c", AGENT_BOOT]
+
+
+def _agent_source() -> bytes:
+    source = resources.files("corral.guest").joinpath("agent.py").read_bytes()
+    return b"%d\n%s" % (len(source), source)
+
+
+class DockerProvider:
+    """Workspaces as hardened Docker containers with a named volume. ``runtime`` picks runc or runsc."""
+
+    name = "docker"
+    isolation: Any = "container"
+    default_startup_ms = 250.0
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        pids_limit: int = 1024,
+        output_limit: int = 16 * 1024 * 1024,
+    ) -> None:
+        self.engine = engine
+        self.pids_limit = pids_limit
+        self.output_limit = output_limit
+        self._agents: dict[str, GuestConnection] = {}
+        self._agent_locks: dict[str, asyncio.Lock] = {}
+        self._startup_ms: float | None = None
+        self._agent_source = _agent_source()
+
+    # --- what differs between runc and runsc -------------------------------------------------------------------
+
+    def runtime_for(self, network: NetworkMode) -> str:
+        """The dockerd runtime for a workspace with this network mode."""
+        del network
+        return "runc"
+
+    async def check_runtime(self) -> None:
+        """Raise ProviderUnavailableError when the runtime this provider needs is not registered."""
+        return
+
+    def on_create(self, spec: WorkspaceSpec) -> None:
+        """Hook run before every create; plain Docker uses it to log the reduced-isolation warning."""
+        log.warning(
+            "SECURITY: workspace %s runs under plain Docker (runc): it shares the host kernel, so isolation is "
+            "reduced. Use the gvisor provider (or firecracker) for untrusted code.",
+            spec.id,
+        )
+
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+
+    async def create(self, spec: WorkspaceSpec) -> None:
+        """Create the volume and the container and start it (see the module docstring)."""
+        started = time.monotonic()
+        await self.check_runtime()
+        if not await self._call(self.engine.image_exists(spec.image)):
+            raise InvalidRequestError(
+                f"base_image: image {spec.image!r} is not present on this host; Corral never pulls images. "
+                "Build the default one with `corral image build` (make bootstrap does it).",
+                details={"field": "base_image", "image": spec.image},
+            )
+        self.on_create(spec)
+        labels = {LABEL_ID: spec.id, LABEL_PROVIDER: self.name}
+        try:
+            await self._call(self.engine.create_volume(volume_name(spec.id), {**labels, LABEL_SPEC: _spec_json(spec)}))
+            await self._start_container(spec)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._remove_all(spec.id))
+            raise
+        elapsed = (time.monotonic() - started) * 1000
+        self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
+        # Start the agent in the background, so the first exec usually finds it ready.
+        task = asyncio.create_task(self._connect_quietly(spec.id), name=f"agent-warmup-{spec.id}")
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    async def _start_container(self, spec: WorkspaceSpec) -> None:
+        config = self._container_config(spec)
+        name = container_name(spec.id)
+        try:
+            await self.engine.create_container(name, config)
+            await self.engine.start_container(name)
+        except DockerAPIError as exc:
+            with contextlib.suppress(Exception):
+                await self.engine.remove_container(name)
+            raise self._translate(exc, spec.id) from exc
+
+    def _container_config(self, spec: WorkspaceSpec) -> dict[str, Any]:
+        limits = spec.limits
+        return {
+            "Image": spec.image,
+            "Cmd": ["sleep", "infinity"],
+            "WorkingDir": WORKSPACE_ROOT,
+            "Hostname": "workspace",
+            "Env": [f"{k}={v}" for k, v in spec.env.items()],
+            "Labels": {LABEL_ID: spec.id, LABEL_PROVIDER: self.name, **dict(spec.labels)},
+            "NetworkDisabled": spec.network == "isolated",
+            "HostConfig": {
+                "Runtime": self.runtime_for(spec.network),
+                "NanoCpus": round(limits.cpu * 1e9),
+                "Memory": limits.memory_bytes,
+                "MemorySwap": limits.memory_bytes,  # no swap on top of the memory limit
+                "PidsLimit": self.pids_limit,
+                "CapDrop": ["ALL"],
+                "CapAdd": WORKSPACE_CAPABILITIES,
+                "SecurityOpt": ["no-new-privileges:true"],
+                "Init": True,  # reaps orphaned processes; `sleep` as PID 1 would not
+                "NetworkMode": "none" if spec.network == "isolated" else "bridge",
+                "IpcMode": "private",
+                "LogConfig": {"Type": "none"},
+                "Mounts": [{"Type": "volume", "Source": volume_name(spec.id), "Target": WORKSPACE_ROOT}],
+                "RestartPolicy": {"Name": "no"},
+            },
+        }
+
+    async def destroy(self, workspace_id: str) -> None:
+        """Remove container and volume. Idempotent."""
+        await self._drop_agent(workspace_id)
+        await self._remove_all(workspace_id)
+
+    async def _remove_all(self, workspace_id: str) -> None:
+        await self._call(self.engine.remove_container(container_name(workspace_id)))
+        await self._call(self.engine.remove_volume(volume_name(workspace_id)))
+
+    async def stop(self, workspace_id: str) -> None:
+        """Remove the container (processes end, memory is freed); the volume stays."""
+        if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
+            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        await self._drop_agent(workspace_id)
+        await self._call(self.engine.remove_container(container_name(workspace_id)))
+
+    async def resume(self, workspace_id: str) -> None:
+        """Start a new container on the workspace's volume. A running workspace is left as it is."""
+        volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
+        if volume is None:
+            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is not None and info["State"].get("Running"):
+            return
+        if info is not None:  # exited on its own (e.g. killed by the OOM killer): replace it
+            await self._call(self.engine.remove_container(container_name(workspace_id)))
+        spec = _spec_from_json(workspace_id, (volume.get("Labels") or {}).get(LABEL_SPEC, "{}"))
+        await self.check_runtime()
+        await self._start_container(spec)
+
+    async def state(self, workspace_id: str) -> SandboxState:
+        """Running when the container runs; stopped when only the volume is left; else missing."""
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is not None and info["State"].get("Running"):
+            return SandboxState.RUNNING
+        if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is not None:
+            return SandboxState.STOPPED
+        return SandboxState.STOPPED if info is not None else SandboxState.MISSING
+
+    async def list_workspaces(self) -> list[str]:
+        """Ids of every workspace with a volume or a container of this provider."""
+        label = f"{LABEL_PROVIDER}={self.name}"
+        volumes = await self._call(self.engine.list_volumes(label))
+        containers = await self._call(self.engine.list_containers(label))
+        ids = {v["Labels"][LABEL_ID] for v in volumes if LABEL_ID in (v.get("Labels") or {})}
+        ids |= {c["Labels"][LABEL_ID] for c in containers if LABEL_ID in (c.get("Labels") or {})}
+        return sorted(ids)
+
+    # --- the agent ---------------------------------------------------------------------------------------------
+
+    async def _connect_quietly(self, workspace_id: str) -> None:
+        with contextlib.suppress(CorralError, GuestConnectionLost):
+            await self._agent(workspace_id)
+
+    async def _agent(self, workspace_id: str) -> GuestConnection:
+        conn = self._agents.get(workspace_id)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._agent_locks.setdefault(workspace_id, asyncio.Lock())
+        async with lock:
+            conn = self._agents.get(workspace_id)
+            if conn is not None and not conn.closed:
+                return conn
+            await self._require_running(workspace_id)
+            try:
+                stream = await self.engine.exec_attached(
+                    container_name(workspace_id),
+                    AGENT_COMMAND,
+                    on_stderr=lambda data: log.debug("agent %s: %s", workspace_id, data.decode(errors="replace")),
+                )
+            except DockerAPIError as exc:
+                raise self._translate(exc, workspace_id) from exc
+            stream.writer.write(self._agent_source)
+            conn = GuestConnection(stream.reader, stream.writer, label=f"workspace {workspace_id}")
+            try:
+                await conn.wait_ready(AGENT_START_TIMEOUT_S)
+            except GuestConnectionLost as exc:
+                await conn.aclose()
+                await self._require_running(workspace_id)
+                raise ProviderUnavailableError(self.name, f"the workspace agent did not start: {exc}") from exc
+            self._agents[workspace_id] = conn
+            return conn
+
+    async def _drop_agent(self, workspace_id: str) -> None:
+        conn = self._agents.pop(workspace_id, None)
+        self._agent_locks.pop(workspace_id, None)
+        if conn is not None:
+            await conn.aclose()
+
+    async def _require_running(self, workspace_id: str) -> None:
+        state = await self.state(workspace_id)
+        if state is SandboxState.MISSING:
+            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if state is SandboxState.STOPPED:
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+            )
+
+    async def _with_agent(self, workspace_id: str, op: str, **args: Any) -> dict[str, Any]:
+        """One request to the agent; a lost connection becomes the workspace's real state, or one retry."""
+        for attempt in (1, 2):
+            conn = await self._agent(workspace_id)
+            try:
+                return await conn.call(op, **args)
+            except GuestConnectionLost:
+                await self._require_running(workspace_id)
+                if attempt == 2:
+                    raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
+        raise AssertionError("unreachable")
+
+    # --- exec ------------------------------------------------------------------------------------------------------
+
+    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
+        """Run to completion, keeping at most ``output_limit`` bytes of each stream."""
+        out, err = bytearray(), bytearray()
+        truncated = False
+        started = time.monotonic()
+        try:
+            async for event in self.exec_stream(workspace_id, request):
+                if isinstance(event, ExecOutput):
+                    buf = out if event.stream == "stdout" else err
+                    room = self.output_limit - len(buf)
+                    if len(event.data) > room:
+                        truncated = True
+                    buf += event.data[: max(room, 0)]
+                else:
+                    return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
+        except ExecTimeoutError as exc:
+            raise ExecTimeoutError(
+                exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=(time.monotonic() - started) * 1000
+            ) from None
+        raise ProviderUnavailableError(self.name, "the command ended without an exit status")
+
+    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+        """Yield output as the agent forwards it; the agent kills the process group at the deadline."""
+        request.validate()
+        conn = await self._agent(workspace_id)
+        frames = conn.exec(request.argv(), cwd=request.cwd, env=dict(request.env), timeout_s=request.timeout_s)
+        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s + EXEC_GRACE_S
+        try:
+            while True:
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                try:
+                    header, payload = await asyncio.wait_for(anext(frames), remaining)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise ExecTimeoutError(
+                        f"command did not finish within {request.timeout_s:g} s and the workspace did not confirm "
+                        "the kill"
+                    ) from None
+                except GuestConnectionLost:
+                    await self._require_running(workspace_id)
+                    raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
+                if header.get("ev") == "out":
+                    yield ExecOutput("stdout" if header.get("fd") == 1 else "stderr", payload)
+                elif header.get("ev") == "exit":
+                    if header.get("timed_out"):
+                        raise ExecTimeoutError(
+                            f"command did not finish within {request.timeout_s:g} s; it was killed",
+                            duration_ms=float(header.get("duration_ms", 0.0)),
+                        )
+                    yield ExecExit(int(header["code"]), float(header.get("duration_ms", 0.0)))
+        finally:
+            await frames.aclose()
+
+    # --- files -----------------------------------------------------------------------------------------------------
+
+    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+        """Open for streaming; missing files raise WorkspaceFileNotFoundError before the first chunk."""
+        path = check_path(path)
+        conn = await self._agent(workspace_id)
+        try:
+            return await conn.open_read(path)
+        except GuestConnectionLost:
+            await self._require_running(workspace_id)
+            raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+    ) -> int:
+        """Stream into the file, creating parents."""
+        path = check_path(path)
+        conn = await self._agent(workspace_id)
+        try:
+            return await conn.write(path, data, mode=mode)
+        except GuestConnectionLost:
+            await self._require_running(workspace_id)
+            raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
+
+    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+        """Directory entries, sorted by name."""
+        result = await self._with_agent(workspace_id, "list", path=check_path(path))
+        return [_file_info(e) for e in result["entries"]]
+
+    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
+        """Remove a file or directory."""
+        await self._with_agent(workspace_id, "delete", path=check_path(path), recursive=recursive)
+
+    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+        """Rename, creating the destination's parents."""
+        await self._with_agent(workspace_id, "move", src=check_path(src, field_name="src"), dst=check_path(dst, field_name="dst"))
+
+    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+        """Set permission bits."""
+        await self._with_agent(workspace_id, "chmod", path=check_path(path), mode=mode)
+
+    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+        """lstat of one path."""
+        return _file_info(await self._with_agent(workspace_id, "stat", path=check_path(path)))
+
+    async def glob(self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000) -> list[str]:
+        """Matching absolute paths, sorted."""
+        if not pattern or "\x00" in pattern:
+            raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
+        result = await self._with_agent(workspace_id, "glob", pattern=pattern, root=check_path(root), limit=limit)
+        return list(result["paths"])
+
+    async def realpath(self, workspace_id: str, path: str) -> str:
+        """Symlinks resolved inside the workspace."""
+        return str((await self._with_agent(workspace_id, "realpath", path=check_path(path)))["path"])
+
+    async def disk_usage(self, workspace_id: str) -> int:
+        """Bytes used under /workspace (the limit is monitored, not enforced, on the local volume driver)."""
+        return int((await self._with_agent(workspace_id, "usage", path=WORKSPACE_ROOT))["bytes"])
+
+    # --- health ----------------------------------------------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """Ping the engine, then check the runtime is registered."""
+        started = time.monotonic()
+        try:
+            await self.engine.ping()
+            await self.check_runtime()
+        except ProviderUnavailableError as exc:
+            return Health(False, exc.reason, latency_ms=(time.monotonic() - started) * 1000)
+        except DockerAPIError as exc:
+            return Health(False, exc.message, latency_ms=(time.monotonic() - started) * 1000)
+        return Health(True, latency_ms=(time.monotonic() - started) * 1000)
+
+    async def capabilities(self) -> Capabilities:
+        """Features and what this host has left."""
+        resources_now: dict[str, object] = {}
+        with contextlib.suppress(DockerAPIError):
+            info = await self.engine.info()
+            resources_now = {
+                "cpu_count": info.get("NCPU"),
+                "memory_bytes": info.get("MemTotal"),
+                "containers_running": info.get("ContainersRunning"),
+            }
+            root = info.get("DockerRootDir") or "/var/lib/docker"
+            with contextlib.suppress(OSError):
+                resources_now["disk_free_bytes"] = shutil.disk_usage(root).free
+        return Capabilities(
+            isolation=self.isolation,
+            persistence=True,
+            snapshots=False,
+            warm_pool=True,
+            streaming=True,
+            # The local volume driver has no size option on ext4/overlay2, so the disk limit is watched, not enforced.
+            disk_limit="monitored",
+            requirements=self.requirements(),
+            startup_latency_ms=self._startup_ms if self._startup_ms is not None else self.default_startup_ms,
+            resources=resources_now,
+        )
+
+    def requirements(self) -> tuple[str, ...]:
+        """What the host must provide."""
+        return ("docker",)
+
+    async def aclose(self) -> None:
+        """Close agent streams and the engine client; containers keep running."""
+        for workspace_id in list(self._agents):
+            await self._drop_agent(workspace_id)
+        await self.engine.aclose()
+
+    # --- errors ----------------------------------------------------------------------------------------------------
+
+    async def _call(self, awaitable: Any) -> Any:
+        try:
+            return await awaitable
+        except DockerAPIError as exc:
+            raise self._translate(exc, None) from exc
+
+    def _translate(self, exc: DockerAPIError, workspace_id: str | None) -> CorralError:
+        message = exc.message
+        if exc.status == 0:
+            return ProviderUnavailableError(self.name, message)
+        if "unknown runtime" in message.lower():
+            return ProviderUnavailableError(self.name, f"gVisor runtime not available: {message}")
+        if exc.status == 404 and workspace_id is not None:
+            return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if "range of cpus" in message.lower() or "memory" in message.lower() and exc.status == 400:
+            return ResourceLimitError(f"{self.name}: {message}")
+        return ProviderUnavailableError(self.name, message)
+
+
+def _spec_json(spec: WorkspaceSpec) -> str:
+    return json.dumps(
+        {
+            "image": spec.image,
+            "cpu": spec.limits.cpu,
+            "memory": spec.limits.memory_bytes,
+            "disk": spec.limits.disk_bytes,
+            "network": spec.network,
+            "container_type": spec.container_type,
+            "env": dict(spec.env),
+            "labels": dict(spec.labels),
+        },
+        separators=(",", ":"),
+    )
+
+
+def _spec_from_json(workspace_id: str, text: str) -> WorkspaceSpec:
+    data = json.loads(text)
+    return WorkspaceSpec(
+        id=workspace_id,
+        image=data["image"],
+        limits=ResourceLimits(cpu=data["cpu"], memory_bytes=data["memory"], disk_bytes=data["disk"]),
+        network=data["network"],
+        container_type=data["container_type"],
+        env=data.get("env", {}),
+        labels=data.get("labels", {}),
+    )
+
+
+def _file_info(raw: dict[str, Any]) -> FileInfo:
+    return FileInfo(
+        path=raw["path"],
+        name=raw["name"],
+        type=raw["type"],
+        size=int(raw["size"]),
+        mode=int(raw["mode"]),
+        mtime=float(raw["mtime"]),
+        symlink_target=raw.get("symlink_target"),
+    )

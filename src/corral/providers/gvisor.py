@@ -1,0 +1,76 @@
+"""The ``gvisor`` provider: the docker provider's containers, run by gVisor's ``runsc`` (a user-space kernel).
+
+Two dockerd runtimes are used, both registered by ``make bootstrap`` (see ENVIRONMENT.md for why):
+
+* ``runsc`` with ``--network=none`` for ``isolated`` workspaces (the default): no network stack at all;
+* ``runsc-net`` with ``--network=host`` for ``default`` workspaces. "host" here is the container's own network
+  namespace that Docker created, so the sandbox gets its own eth0, not the host's interfaces. (runsc cannot join
+  Docker's bridge from the root network namespace on kernels like the CI machines'.)
+
+gVisor's ptrace/systrap platform is used; the KVM platform hangs on PVM hosts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from corral.errors import ProviderUnavailableError
+from corral.providers._docker_engine import DockerAPIError, DockerEngine
+from corral.providers.base import NetworkMode, WorkspaceSpec
+from corral.providers.docker import DockerProvider
+
+__all__ = ["GVisorProvider"]
+
+_RUNTIME_CACHE_S = 10.0
+
+
+class GVisorProvider(DockerProvider):
+    """Docker containers under runsc; same layout, limits and hardening as :class:`DockerProvider`."""
+
+    name = "gvisor"
+    isolation = "gvisor"
+    default_startup_ms = 350.0
+
+    def __init__(
+        self,
+        engine: DockerEngine,
+        *,
+        runtime: str = "runsc",
+        net_runtime: str = "runsc-net",
+        pids_limit: int = 1024,
+        output_limit: int = 16 * 1024 * 1024,
+    ) -> None:
+        super().__init__(engine, pids_limit=pids_limit, output_limit=output_limit)
+        self.runtime = runtime
+        self.net_runtime = net_runtime
+        self._runtimes_checked_at = float("-inf")
+
+    def runtime_for(self, network: NetworkMode) -> str:
+        """runsc without a network for isolated workspaces, runsc-net for networked ones."""
+        return self.runtime if network == "isolated" else self.net_runtime
+
+    async def check_runtime(self) -> None:
+        """Both runtimes must be registered with dockerd (the answer is cached for a few seconds)."""
+        if time.monotonic() - self._runtimes_checked_at < _RUNTIME_CACHE_S:
+            return
+        try:
+            info = await self.engine.info()
+        except DockerAPIError as exc:
+            raise ProviderUnavailableError(self.name, exc.message) from exc
+        registered = set(info.get("Runtimes") or {})
+        missing = [r for r in (self.runtime, self.net_runtime) if r not in registered]
+        if missing:
+            raise ProviderUnavailableError(
+                self.name,
+                f"gVisor runtime not available: dockerd has no runtime named {', '.join(missing)} "
+                f"(registered: {', '.join(sorted(registered))}); run `make bootstrap` to register runsc",
+            )
+        self._runtimes_checked_at = time.monotonic()
+
+    def on_create(self, spec: WorkspaceSpec) -> None:
+        """gVisor is the intended isolation; nothing to warn about."""
+        del spec
+
+    def requirements(self) -> tuple[str, ...]:
+        """Docker with runsc registered."""
+        return ("docker", "runsc")
