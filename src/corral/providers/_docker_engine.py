@@ -14,7 +14,7 @@ import contextlib
 import json
 import logging
 import struct
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -221,6 +221,17 @@ class DockerEngine:
             "GET", f"/containers/{quote(ref, safe='')}/stats", params={"stream": "false"}
         )
         return result
+
+    async def events(self, filters: dict[str, list[str]]) -> AsyncIterator[dict[str, Any]]:
+        """Stream engine events matching ``filters`` until the connection ends."""
+        params = {"filters": json.dumps(filters)}
+        try:
+            async with self._http.stream("GET", "/events", params=params, timeout=httpx.Timeout(None)) as resp:
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as exc:
+            raise DockerAPIError(0, f"event stream from {self.socket_path} ended: {exc}") from exc
 
     # --- exec ----------------------------------------------------------------------------------------------------
 

@@ -118,6 +118,7 @@ class DockerProvider:
         self._agents: dict[str, GuestConnection] = {}
         self._agent_locks: dict[str, asyncio.Lock] = {}
         self._startup_ms: float | None = None
+        self._events_task: asyncio.Task[None] | None = None
         self._agent_source = _agent_source()
 
     # --- what differs between runc and runsc -------------------------------------------------------------------
@@ -286,7 +287,31 @@ class DockerProvider:
                 await self._require_running(workspace_id)
                 raise ProviderUnavailableError(self.name, f"the workspace agent did not start: {exc}") from exc
             self._agents[workspace_id] = conn
+            self._ensure_event_watch()
             return conn
+
+    def _ensure_event_watch(self) -> None:
+        if self._events_task is None or self._events_task.done():
+            self._events_task = asyncio.create_task(self._watch_events(), name=f"{self.name}-docker-events")
+
+    async def _watch_events(self) -> None:
+        """Close a workspace's agent stream as soon as its container dies.
+
+        dockerd does not always end a hijacked exec stream when the container goes away (runsc keeps it open), so
+        without this a command in a killed or OOM-stopped workspace would wait forever.
+        """
+        filters = {"type": ["container"], "event": ["die", "destroy"], "label": [f"{LABEL_PROVIDER}={self.name}"]}
+        while self._agents:
+            try:
+                async for event in self.engine.events(filters):
+                    workspace_id = (event.get("Actor", {}).get("Attributes") or {}).get(LABEL_ID)
+                    conn = self._agents.pop(workspace_id, None) if workspace_id else None
+                    if conn is not None:
+                        log.info("workspace %s: container %s; closing its agent stream", workspace_id, event.get("Action"))
+                        await conn.aclose()
+            except DockerAPIError as exc:
+                log.warning("%s: docker event stream failed (%s); retrying", self.name, exc)
+                await asyncio.sleep(1.0)
 
     async def _drop_agent(self, workspace_id: str) -> None:
         conn = self._agents.pop(workspace_id, None)
@@ -479,6 +504,10 @@ class DockerProvider:
         """Close agent streams and the engine client; containers keep running."""
         for workspace_id in list(self._agents):
             await self._drop_agent(workspace_id)
+        if self._events_task is not None:
+            self._events_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._events_task
         await self.engine.aclose()
 
     # --- errors ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,76 @@
+"""``create_app(settings)``: the FastAPI application with its store, providers and background tasks.
+
+Nothing is created at import time; everything lives on ``app.state`` for the app's lifetime and is closed on shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+
+from corral import __version__
+from corral.api import workspaces
+from corral.api.deps import require_token
+from corral.api.errors import install_error_handlers
+from corral.orchestrator.health import HealthMonitor
+from corral.orchestrator.service import WorkspaceService
+from corral.providers.base import WorkspaceProvider
+from corral.providers.registry import build_provider
+from corral.settings import Settings
+from corral.store import Store
+
+__all__ = ["create_app", "resolve_api_token"]
+
+log = logging.getLogger(__name__)
+
+
+def resolve_api_token(settings: Settings) -> str:
+    """CORRAL_API_TOKEN, or a token generated once and kept in ``data_dir/api-token`` (mode 0600)."""
+    if settings.api_token:
+        return settings.api_token
+    path = settings.data_dir / "api-token"
+    if path.exists():
+        return path.read_text().strip()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    log.warning("CORRAL_API_TOKEN is not set; generated one and wrote it to %s", path)
+    return token
+
+
+def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | None = None) -> FastAPI:
+    """Build the API. ``providers`` replaces the configured ones (tests pass fakes here)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        store = await Store.open(settings.sqlalchemy_url())
+        built = providers if providers is not None else {n: build_provider(n, settings) for n in settings.provider_names()}
+        monitor = HealthMonitor(built, settings.health_interval_s)
+        service = WorkspaceService(settings, store, built, monitor)
+        app.state.service = service
+        await monitor.start()
+        try:
+            yield
+        finally:
+            await monitor.stop()
+            await service.aclose()
+            await store.close()
+
+    app = FastAPI(title="Corral", version=__version__, lifespan=lifespan)
+    app.state.api_token = resolve_api_token(settings)
+    install_error_handlers(app)
+
+    @app.get("/healthz", tags=["meta"])
+    async def healthz() -> dict[str, Any]:
+        """Liveness: answers without a token."""
+        return {"status": "ok", "version": __version__}
+
+    app.include_router(workspaces.router, dependencies=[Depends(require_token)])
+    return app

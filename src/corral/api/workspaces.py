@@ -1,0 +1,209 @@
+"""``/api/v1/agent/workspaces``: create, inspect and operate workspaces (DESIGN.md's Workspaces section)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import StreamingResponse
+
+from corral.api.deps import ServiceDep
+from corral.api.schemas import (
+    ChmodBody,
+    CreateWorkspaceBody,
+    ExecBody,
+    ExecResponse,
+    FileInfoModel,
+    MoveBody,
+    WorkspaceModel,
+)
+from corral.errors import ExecTimeoutError, InvalidRequestError
+from corral.orchestrator.service import CreateWorkspace
+from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ResourceLimits
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api/v1/agent/workspaces", tags=["workspaces"])
+
+DEFAULT_EXEC_TIMEOUT_S = 600.0
+PathQuery = Annotated[str, Query(description="a path inside /workspace; relative paths start there")]
+
+
+@router.get("/providers")
+async def list_providers(service: ServiceDep) -> dict[str, Any]:
+    """Every configured provider with its cached health, active workspaces and capabilities."""
+    return {"providers": await service.provider_status()}
+
+
+@router.post("", status_code=201)
+async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> WorkspaceModel:
+    """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back."""
+    limits = ResourceLimits.parse(body.resource_limits, defaults=service.default_limits())
+    record = await service.create(
+        CreateWorkspace(
+            provider=body.provider,
+            container_type=body.container_type,
+            limits=limits,
+            base_image=body.base_image,
+            network=body.network,
+            metadata=body.metadata,
+        )
+    )
+    return WorkspaceModel.of(record)
+
+
+@router.get("")
+async def list_workspaces(service: ServiceDep) -> dict[str, list[WorkspaceModel]]:
+    """Every workspace that is not destroyed."""
+    return {"workspaces": [WorkspaceModel.of(r) for r in await service.list()]}
+
+
+@router.get("/{workspace_id}")
+async def get_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
+    """One workspace (destroyed ones too, with status ``destroyed``)."""
+    return WorkspaceModel.of(await service.get(workspace_id))
+
+
+@router.delete("/{workspace_id}")
+async def delete_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
+    """Destroy the workspace: its container and volume are removed. Repeating it is fine."""
+    return WorkspaceModel.of(await service.destroy(workspace_id))
+
+
+@router.post("/{workspace_id}/stop")
+async def stop_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
+    """Stop the workspace; /workspace is kept for resume."""
+    return WorkspaceModel.of(await service.stop(workspace_id))
+
+
+@router.post("/{workspace_id}/resume")
+async def resume_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
+    """Resume a stopped workspace."""
+    return WorkspaceModel.of(await service.resume(workspace_id))
+
+
+@router.post("/{workspace_id}/exec")
+async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -> ExecResponse:
+    """Run a command; a nonzero exit is a result. Past ``timeout_s`` the command is killed: ``timed_out: true``."""
+    request = ExecRequest(
+        command=body.command,
+        args=tuple(body.args),
+        mode=ExecMode(body.mode),
+        cwd=body.cwd or WORKSPACE_ROOT,
+        env=body.env,
+        timeout_s=body.timeout_s or DEFAULT_EXEC_TIMEOUT_S,
+    )
+    try:
+        result = await service.exec(workspace_id, request)
+    except ExecTimeoutError as exc:
+        return ExecResponse(
+            exit_code=137,  # killed by SIGKILL, as a shell would report it
+            stdout=exc.stdout.decode(errors="replace"),
+            stderr=exc.stderr.decode(errors="replace"),
+            duration_ms=exc.duration_ms,
+            timed_out=True,
+            truncated=False,
+        )
+    return ExecResponse(
+        exit_code=result.exit_code,
+        stdout=result.stdout.decode(errors="replace"),
+        stderr=result.stderr.decode(errors="replace"),
+        duration_ms=result.duration_ms,
+        timed_out=False,
+        truncated=result.truncated,
+    )
+
+
+# --- files ----------------------------------------------------------------------------------------------------------
+
+
+@router.get("/{workspace_id}/files")
+async def read_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> StreamingResponse:
+    """The file's raw bytes, streamed."""
+    chunks = await service.read_file(workspace_id, path)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(body(), media_type="application/octet-stream")
+
+
+@router.put("/{workspace_id}/files")
+async def write_file(
+    workspace_id: str,
+    path: PathQuery,
+    request: Request,
+    service: ServiceDep,
+    mode: Annotated[str | None, Query(description="permission bits in octal, e.g. 0644")] = None,
+) -> dict[str, Any]:
+    """Write the request body to the file (parents created), streaming it through."""
+    absolute, written = await service.write_file(workspace_id, path, request.stream(), mode=_mode(mode))
+    return {"path": absolute, "bytes_written": written}
+
+
+@router.delete("/{workspace_id}/files", status_code=204)
+async def delete_file(
+    workspace_id: str, path: PathQuery, service: ServiceDep, recursive: bool = False
+) -> Response:
+    """Delete a file, or a directory (non-empty ones with ``recursive=true``)."""
+    await service.delete(workspace_id, path, recursive=recursive)
+    return Response(status_code=204)
+
+
+@router.get("/{workspace_id}/files/stat")
+async def stat_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> FileInfoModel:
+    """Metadata of one path (a final symlink is not followed)."""
+    return FileInfoModel.of(await service.stat(workspace_id, path))
+
+
+@router.get("/{workspace_id}/files/list")
+async def list_files(workspace_id: str, service: ServiceDep, path: PathQuery = WORKSPACE_ROOT) -> dict[str, Any]:
+    """A directory's entries, sorted by name."""
+    entries = await service.list_dir(workspace_id, path)
+    return {"path": path, "entries": [FileInfoModel.of(e) for e in entries]}
+
+
+@router.get("/{workspace_id}/files/glob")
+async def glob_files(
+    workspace_id: str,
+    pattern: Annotated[str, Query(description="a glob relative to path; ** matches any depth")],
+    service: ServiceDep,
+    path: PathQuery = WORKSPACE_ROOT,
+) -> dict[str, Any]:
+    """Paths matching the pattern, sorted."""
+    return {"paths": await service.glob(workspace_id, pattern, path)}
+
+
+@router.post("/{workspace_id}/files/move", status_code=204)
+async def move_file(workspace_id: str, body: MoveBody, service: ServiceDep) -> Response:
+    """Rename ``src`` to ``dst`` (parents of ``dst`` are created)."""
+    await service.move(workspace_id, body.src, body.dst)
+    return Response(status_code=204)
+
+
+@router.post("/{workspace_id}/files/chmod", status_code=204)
+async def chmod_file(workspace_id: str, body: ChmodBody, service: ServiceDep) -> Response:
+    """Set permission bits."""
+    mode = _mode(body.mode) if isinstance(body.mode, str) else body.mode
+    assert mode is not None  # a str was given
+    await service.chmod(workspace_id, body.path, mode)
+    return Response(status_code=204)
+
+
+def _mode(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise InvalidRequestError(
+            f"mode: {value!r} is not an octal permission mode such as '0644'", details={"field": "mode"}
+        ) from None
+    if not 0 <= mode <= 0o7777:
+        raise InvalidRequestError(f"mode: {value!r} is outside 0000..7777", details={"field": "mode"})
+    return mode

@@ -1,0 +1,92 @@
+"""Building the workspace base image ``corral/workspace:base`` from Debian packages.
+
+No registry can be reached from Corral's machines, so the image is made from Debian's archive: ``mmdebstrap``
+builds a minimal root filesystem with the packages below and ``docker import`` turns it into an image. The image
+carries a label with a hash of this recipe; ``build(if_missing=True)`` rebuilds only when the label differs, so a
+repeated ``make bootstrap`` costs one ``docker image inspect``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["BASE_PACKAGES", "build_base_image", "recipe_hash"]
+
+SUITE = "bookworm"
+BASE_PACKAGES = (
+    "bash", "coreutils", "git", "grep", "ripgrep", "findutils", "procps", "ca-certificates", "python3",
+    "diffutils", "patch", "less", "sed", "tar", "gzip", "xz-utils", "file",
+)  # fmt: skip
+IMAGE_CHANGES = (
+    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "ENV LANG=C.UTF-8",
+    "ENV HOME=/root",
+    "WORKDIR /workspace",
+    'CMD ["sleep", "infinity"]',
+)
+RECIPE_LABEL = "corral.image.recipe"
+
+
+def recipe_hash() -> str:
+    """A short hash of everything that decides the image's content."""
+    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def _current_recipe(tag: str) -> str | None:
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", tag],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    labels = json.loads(proc.stdout or "null") or {}
+    return str(labels.get(RECIPE_LABEL)) if RECIPE_LABEL in labels else ""
+
+
+def build_base_image(
+    tag: str = "corral/workspace:base",
+    *,
+    if_missing: bool = False,
+    progress: Callable[[str], None] = print,
+) -> bool:
+    """Build the image; returns False when ``if_missing`` and an up-to-date image is already there.
+
+    Raises:
+        RuntimeError: mmdebstrap or docker import failed; the message holds the tail of their output.
+    """
+    want = recipe_hash()
+    if if_missing and _current_recipe(tag) == want:
+        return False
+    with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        progress(f"building root filesystem ({SUITE}, {len(BASE_PACKAGES)} packages) with mmdebstrap")
+        _run(
+            ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs)],
+            progress,
+        )
+        progress(f"importing {rootfs.stat().st_size // 2**20} MiB root filesystem as {tag}")
+        changes = [*IMAGE_CHANGES, f"LABEL {RECIPE_LABEL}={want}"]
+        _run(["docker", "import", *(arg for c in changes for arg in ("--change", c)), str(rootfs), tag], progress)
+    progress(f"built {tag}")
+    return True
+
+
+def _run(argv: list[str], progress: Callable[[str], None]) -> None:
+    tail: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip()
+            tail = [*tail[-19:], line]
+            if line.startswith(("I: ", "E: ", "W: ")) or "sha256:" in line:
+                progress(f"  {line}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed with exit code {proc.returncode}:\n" + "\n".join(tail))

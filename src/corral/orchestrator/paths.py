@@ -1,0 +1,45 @@
+"""Keeping file paths inside ``/workspace``, symlinks included.
+
+Used by the HTTP file API and the agent tools: a path is normalised lexically first (so ``../etc/passwd`` is refused
+without a round trip), then resolved by the provider (so a symlink ``/workspace/x -> /etc`` is refused too).
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from corral.errors import InvalidRequestError
+from corral.providers.base import WORKSPACE_ROOT, WorkspaceProvider, check_path
+
+__all__ = ["confine", "lexically_confined"]
+
+
+def _inside(path: str) -> bool:
+    return path == WORKSPACE_ROOT or path.startswith(WORKSPACE_ROOT + "/")
+
+
+def lexically_confined(path: str, *, field_name: str = "path") -> str:
+    """Absolute, normalised form of ``path`` (relative to /workspace); refuses paths that leave /workspace."""
+    absolute = posixpath.normpath(check_path(path, field_name=field_name))
+    if absolute.startswith("//"):
+        absolute = "/" + absolute.lstrip("/")
+    if not _inside(absolute):
+        raise InvalidRequestError(
+            f"{field_name}: {path!r} is outside /workspace; paths must stay inside the workspace",
+            details={"field": field_name, "path": path},
+        )
+    return absolute
+
+
+async def confine(provider: WorkspaceProvider, workspace_id: str, path: str, *, field_name: str = "path") -> str:
+    """Like :func:`lexically_confined`, and the path with its symlinks resolved must stay inside too."""
+    absolute = lexically_confined(path, field_name=field_name)
+    if absolute == WORKSPACE_ROOT:
+        return absolute
+    resolved = await provider.realpath(workspace_id, absolute)
+    if not _inside(resolved):
+        raise InvalidRequestError(
+            f"{field_name}: {path!r} resolves to {resolved!r} through a symlink, outside /workspace",
+            details={"field": field_name, "path": path},
+        )
+    return absolute

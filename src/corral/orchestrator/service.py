@@ -1,0 +1,371 @@
+"""The workspace service: records in the store, runtime objects in the providers, and the rules between them.
+
+Create writes a ``creating`` record before touching any runtime, so a server killed mid-create leaves a record
+that reconciliation can match with whatever the runtime holds. Auto selection walks the fallback chain and
+records every attempt; an explicit provider is tried alone.
+
+The exec and file hot paths never touch the database: the service keeps each live workspace's provider and status
+in memory (it is the only writer of records) and loads a record only on a cache miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from corral.errors import (
+    AllProvidersFailedError,
+    CorralError,
+    InvalidRequestError,
+    ProviderNotFoundError,
+    ProviderUnavailableError,
+    SandboxDestroyedError,
+    SandboxNotFoundError,
+    WorkspaceStateError,
+)
+from corral.orchestrator.health import HealthMonitor
+from corral.orchestrator.paths import confine
+from corral.orchestrator.selection import SelectionInputs, fallback_chain
+from corral.providers.base import (
+    WORKSPACE_ROOT,
+    ExecRequest,
+    ExecResult,
+    FileInfo,
+    ResourceLimits,
+    SandboxState,
+    WorkspaceProvider,
+    WorkspaceSpec,
+)
+from corral.providers.registry import KNOWN_PROVIDERS
+from corral.settings import Settings
+from corral.store import ProviderAttempt, Store, WorkspaceRecord
+
+__all__ = ["CreateWorkspace", "WorkspaceService"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateWorkspace:
+    """A validated create request (the API's body, after parsing)."""
+
+    provider: str = "auto"
+    container_type: str = "agent_workspace"
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    base_image: str | None = None
+    network: str = "isolated"
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class WorkspaceService:
+    """Creates, finds and operates workspaces across providers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        providers: Mapping[str, WorkspaceProvider],
+        health: HealthMonitor,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.providers = dict(providers)
+        self.health = health
+        self._live: dict[str, tuple[str, str]] = {}  # id -> (provider, status), for the hot paths
+
+    # --- defaults and selection -----------------------------------------------------------------------------------
+
+    def default_limits(self) -> ResourceLimits:
+        """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""
+        return ResourceLimits.parse(
+            {"cpu": self.settings.default_cpu, "memory": self.settings.default_memory, "disk": self.settings.default_disk}
+        )
+
+    def selection_inputs(self) -> SelectionInputs:
+        """What auto selection depends on, from settings."""
+        return SelectionInputs(
+            deployment_mode=self.settings.deployment_mode,
+            e2b_configured=bool(self.settings.e2b_api_key),
+            allow_docker=self.settings.allow_docker_fallback,
+            configured=tuple(self.providers),
+        )
+
+    def plan(self, requested: str, container_type: str) -> tuple[list[str], list[tuple[str, str]]]:
+        """The providers to try in order, and those skipped up front with their reason."""
+        if requested != "auto":
+            if requested not in KNOWN_PROVIDERS and requested not in self.providers:
+                allowed = ["auto", *sorted(set(KNOWN_PROVIDERS) | set(self.providers))]
+                raise ProviderNotFoundError(
+                    f"unknown provider {requested!r}; allowed: {', '.join(allowed)}",
+                    details={"provider": requested, "allowed": allowed},
+                )
+            if requested not in self.providers:
+                raise ProviderUnavailableError(
+                    requested,
+                    f"not configured on this server (CORRAL_PROVIDERS={self.settings.providers})",
+                )
+            return [requested], []
+        try_order, unhealthy = fallback_chain(self.selection_inputs(), container_type, self.health.healthy())
+        skipped = []
+        for name in unhealthy:
+            latest = self.health.latest(name)
+            reason = latest.error if latest is not None and latest.error else "not checked yet"
+            skipped.append((name, f"unhealthy: {reason}"))
+        return try_order, skipped
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def create(self, request: CreateWorkspace) -> WorkspaceRecord:
+        """Create a workspace, falling back along the chain for ``auto``.
+
+        Raises:
+            ProviderNotFoundError: an unknown provider name.
+            ProviderUnavailableError: the explicit provider failed (no fallback), with its reason.
+            AllProvidersFailedError: auto selection exhausted the chain; lists every provider and reason.
+        """
+        if request.network not in ("isolated", "default"):
+            raise InvalidRequestError(
+                f"network: {request.network!r} is not allowed; use 'isolated' or 'default'",
+                details={"field": "network"},
+            )
+        if request.container_type not in ("agent_workspace", "mcp_server"):
+            raise InvalidRequestError(
+                f"container_type: {request.container_type!r} is not allowed; use 'agent_workspace' or 'mcp_server'",
+                details={"field": "container_type"},
+            )
+        try_order, skipped = self.plan(request.provider, request.container_type)
+        workspace_id = uuid.uuid4().hex[:16]
+        image = request.base_image or self.settings.base_image
+        await self.store.workspaces.create(
+            id=workspace_id,
+            requested_provider=request.provider,
+            container_type=request.container_type,
+            resource_limits=request.limits.to_json(),
+            network=request.network,
+            base_image=image,
+            metadata=request.metadata,
+        )
+        spec = WorkspaceSpec(
+            id=workspace_id,
+            image=image,
+            limits=request.limits,
+            network=request.network,  # type: ignore[arg-type]  # checked above
+            container_type=request.container_type,  # type: ignore[arg-type]  # checked above
+        )
+        attempts: list[tuple[str, str]] = list(skipped)
+        for index, name in enumerate(try_order):
+            try:
+                await self.providers[name].create(spec)
+            except InvalidRequestError:
+                await self.store.workspaces.update(workspace_id, status="error", error="invalid request")
+                raise
+            except CorralError as exc:
+                reason = exc.reason if isinstance(exc, ProviderUnavailableError) else exc.message
+                attempts.append((name, reason))
+                if request.provider == "auto" and index + 1 < len(try_order):
+                    log.warning("workspace %s: %s failed (%s); falling back to %s", workspace_id, name, reason,
+                                try_order[index + 1])
+                continue
+            warnings = []
+            if name == "docker":
+                warnings.append("isolation is reduced: plain Docker (runc) shares the host kernel")
+            record = await self.store.workspaces.update(
+                workspace_id,
+                status="ready",
+                provider=name,
+                provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
+                warnings=warnings,
+            )
+            self._live[workspace_id] = (name, "ready")
+            return record
+        await self.store.workspaces.update(
+            workspace_id,
+            status="error",
+            provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
+            error="; ".join(f"{p}: {e}" for p, e in attempts) or "no provider configured",
+        )
+        if request.provider != "auto":
+            name, reason = attempts[0]
+            raise ProviderUnavailableError(name, reason, details={"workspace_id": workspace_id})
+        raise AllProvidersFailedError(attempts)
+
+    async def get(self, workspace_id: str) -> WorkspaceRecord:
+        """The record, destroyed ones included.
+
+        Raises:
+            SandboxNotFoundError: no record with that id.
+        """
+        record = await self.store.workspaces.get(workspace_id)
+        if record is None:
+            raise SandboxNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
+        return record
+
+    async def list(self) -> list[WorkspaceRecord]:
+        """Every workspace that is not destroyed, oldest first."""
+        return await self.store.workspaces.list()
+
+    async def destroy(self, workspace_id: str) -> WorkspaceRecord:
+        """Remove the runtime objects and mark the record destroyed. Destroying twice is fine."""
+        record = await self.get(workspace_id)
+        if record.status == "destroyed":
+            return record
+        if record.provider is not None and record.provider in self.providers:
+            await self.providers[record.provider].destroy(workspace_id)
+        self._live.pop(workspace_id, None)
+        return await self.store.workspaces.update(workspace_id, status="destroyed")
+
+    async def stop(self, workspace_id: str) -> WorkspaceRecord:
+        """Stop a ready workspace; /workspace is kept."""
+        provider, record = await self._operable(workspace_id, allow_stopped=True)
+        if record.status == "stopped":
+            return record
+        await provider.stop(workspace_id)
+        self._live[workspace_id] = (record.provider or "", "stopped")
+        return await self.store.workspaces.update(workspace_id, status="stopped")
+
+    async def resume(self, workspace_id: str) -> WorkspaceRecord:
+        """Resume a stopped workspace (a ready one is returned as it is)."""
+        provider, record = await self._operable(workspace_id, allow_stopped=True)
+        if record.status == "ready":
+            return record
+        await provider.resume(workspace_id)
+        self._live[workspace_id] = (record.provider or "", "ready")
+        return await self.store.workspaces.update(workspace_id, status="ready")
+
+    # --- operations -----------------------------------------------------------------------------------------------
+
+    async def provider_of(self, workspace_id: str) -> WorkspaceProvider:
+        """The provider of a ready workspace (fast path: no database access once cached)."""
+        live = self._live.get(workspace_id)
+        if live is not None and live[1] == "ready":
+            return self.providers[live[0]]
+        provider, _ = await self._operable(workspace_id, allow_stopped=False)
+        return provider
+
+    async def _operable(self, workspace_id: str, *, allow_stopped: bool) -> tuple[WorkspaceProvider, WorkspaceRecord]:
+        record = await self.get(workspace_id)
+        if record.status == "destroyed":
+            raise SandboxDestroyedError(f"workspace {workspace_id} has been destroyed", details={"id": workspace_id})
+        if record.status == "stopped" and not allow_stopped:
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+            )
+        if record.status not in ("ready", "stopped") or record.provider is None:
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is {record.status}: {record.error or 'not ready'}",
+                details={"id": workspace_id, "status": record.status},
+            )
+        provider = self.providers.get(record.provider)
+        if provider is None:
+            raise ProviderUnavailableError(record.provider, "the workspace's provider is not configured on this server")
+        self._live[workspace_id] = (record.provider, record.status)
+        return provider, record
+
+    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
+        """Run a command in a ready workspace."""
+        request.validate()
+        provider = await self.provider_of(workspace_id)
+        return await provider.exec(workspace_id, request)
+
+    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+        """Open a file inside /workspace for streaming."""
+        provider = await self.provider_of(workspace_id)
+        return await provider.read_file(workspace_id, await confine(provider, workspace_id, path))
+
+    async def write_file(
+        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+    ) -> tuple[str, int]:
+        """Write a file inside /workspace; returns the absolute path and bytes written."""
+        provider = await self.provider_of(workspace_id)
+        absolute = await confine(provider, workspace_id, path)
+        if absolute == WORKSPACE_ROOT:
+            raise InvalidRequestError("path: /workspace is a directory, not a file", details={"field": "path"})
+        return absolute, await provider.write_file(workspace_id, absolute, data, mode=mode)
+
+    async def delete(self, workspace_id: str, path: str, *, recursive: bool) -> None:
+        """Delete a file or directory inside /workspace (not /workspace itself)."""
+        provider = await self.provider_of(workspace_id)
+        absolute = await confine(provider, workspace_id, path)
+        if absolute == WORKSPACE_ROOT:
+            raise InvalidRequestError("path: refusing to delete /workspace itself", details={"field": "path"})
+        await provider.delete(workspace_id, absolute, recursive=recursive)
+
+    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+        """Stat a path inside /workspace."""
+        provider = await self.provider_of(workspace_id)
+        return await provider.stat(workspace_id, await confine(provider, workspace_id, path))
+
+    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+        """List a directory inside /workspace."""
+        provider = await self.provider_of(workspace_id)
+        return await provider.list_dir(workspace_id, await confine(provider, workspace_id, path))
+
+    async def glob(self, workspace_id: str, pattern: str, path: str) -> list[str]:
+        """Glob under a directory inside /workspace; ``..`` in the pattern is refused."""
+        if not pattern or "\x00" in pattern:
+            raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
+        if pattern.startswith("/") or ".." in pattern.split("/"):
+            raise InvalidRequestError(
+                "pattern: must be relative to path and must not contain '..'", details={"field": "pattern"}
+            )
+        provider = await self.provider_of(workspace_id)
+        return await provider.glob(workspace_id, pattern, root=await confine(provider, workspace_id, path))
+
+    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+        """Rename inside /workspace."""
+        provider = await self.provider_of(workspace_id)
+        source = await confine(provider, workspace_id, src, field_name="src")
+        target = await confine(provider, workspace_id, dst, field_name="dst")
+        if WORKSPACE_ROOT in (source, target):
+            raise InvalidRequestError("src/dst: /workspace itself cannot be moved", details={"field": "src"})
+        await provider.move(workspace_id, source, target)
+
+    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+        """Change permission bits inside /workspace."""
+        if not 0 <= mode <= 0o7777:
+            raise InvalidRequestError(f"mode: {mode:o} is not a permission mode (0 to 7777 octal)", details={"field": "mode"})
+        provider = await self.provider_of(workspace_id)
+        await provider.chmod(workspace_id, await confine(provider, workspace_id, path), mode)
+
+    async def runtime_state(self, workspace_id: str) -> SandboxState:
+        """What the provider's runtime holds for this workspace."""
+        record = await self.get(workspace_id)
+        if record.provider is None or record.provider not in self.providers:
+            return SandboxState.MISSING
+        return await self.providers[record.provider].state(workspace_id)
+
+    async def provider_status(self) -> list[dict[str, Any]]:
+        """Per configured provider: cached health, active workspaces, resources and capabilities."""
+        records = await self.store.workspaces.list(status=("ready", "stopped", "creating"))
+        out = []
+        for name, provider in self.providers.items():
+            health = self.health.latest(name)
+            try:
+                caps: dict[str, Any] = dataclasses.asdict(await provider.capabilities())
+            except Exception as exc:  # capabilities must not break the status page
+                caps = {"error": f"{type(exc).__name__}: {exc}"}
+            out.append(
+                {
+                    "name": name,
+                    "status": "healthy" if health is not None and health.healthy else "unhealthy",
+                    "last_check": health.checked_at.isoformat() if health is not None else None,
+                    "active_workspaces": sum(1 for r in records if r.provider == name),
+                    "available_resources": caps.get("resources", {}),
+                    "capabilities": caps,
+                    "error": None if health is None else health.error,
+                }
+            )
+            if health is None:
+                out[-1]["error"] = "not checked yet"
+        return out
+
+    async def aclose(self) -> None:
+        """Close every provider's connections (workspaces keep running)."""
+        for provider in self.providers.values():
+            with contextlib.suppress(Exception):
+                await provider.aclose()

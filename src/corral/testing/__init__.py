@@ -1,0 +1,13 @@
+"""Test helpers shipped with Corral: the provider conformance suite every backend runs.
+
+Importing this package needs pytest (the ``dev`` extra).
+"""
+
+import pytest
+
+# Plain asserts in the suite get pytest's detailed failure messages; this must run before the module is imported.
+pytest.register_assert_rewrite("corral.testing.conformance")
+
+from corral.testing.conformance import ProviderConformance, SpecFactory, WorkspaceTracker  # noqa: E402
+
+__all__ = ["ProviderConformance", "SpecFactory", "WorkspaceTracker"]

@@ -1,0 +1,580 @@
+"""The provider conformance suite: the behaviour of :mod:`corral.providers.base`, written once for every provider.
+
+A provider joins by subclassing :class:`ProviderConformance` in a test module and defining two fixtures::
+
+    import uuid
+
+    import pytest
+
+    from corral.providers.base import WorkspaceSpec
+    from corral.providers.fake import FakeProvider
+    from corral.testing import ProviderConformance, SpecFactory
+
+    class TestFakeProvider(ProviderConformance):
+        @pytest.fixture
+        def provider(self) -> FakeProvider:
+            return FakeProvider()
+
+        @pytest.fixture
+        def spec_factory(self) -> SpecFactory:
+            return lambda: WorkspaceSpec(id=f"conf-{uuid.uuid4().hex[:12]}", image="debian:bookworm-slim")
+
+``provider`` may be an async generator fixture (the suite never closes it); ``spec_factory`` returns a fresh
+:class:`~corral.providers.base.WorkspaceSpec` with a unique id on every call, and decides image and network.
+Every workspace a test creates goes through :class:`WorkspaceTracker`, which destroys it when the test ends, even
+when the test fails. Commands are limited to what both the fake interpreter and ``dash`` in a minimal Debian image
+understand: ``echo``, ``printf``, ``exit``, ``true``, ``false``, ``sleep``, ``cat``, ``touch``, ``pwd``, ``>&2``,
+``;``, ``&&`` and ``$VAR``. Providers whose ``capabilities().isolation`` is not ``"none"`` must also let
+``cat /proc/[0-9]*/cmdline`` list the sandbox's processes: that is how the suite checks that a timed-out command
+was killed (minimal images have no ``ps``).
+
+A test is skipped only when the provider's :class:`~corral.providers.base.Capabilities` say it lacks the feature,
+and the skip names the flag, so ``pytest -ra`` shows every gap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Protocol
+
+import pytest
+
+from corral.errors import (
+    ExecTimeoutError,
+    FileOperationError,
+    SandboxDestroyedError,
+    SandboxNotFoundError,
+    WorkspaceFileNotFoundError,
+    WorkspaceStateError,
+)
+from corral.providers.base import (
+    Capabilities,
+    ExecExit,
+    ExecMode,
+    ExecOutput,
+    ExecRequest,
+    SandboxState,
+    WorkspaceProvider,
+    WorkspaceSpec,
+)
+
+__all__ = ["ProviderConformance", "SpecFactory", "WorkspaceTracker"]
+
+SpecFactory = Callable[[], WorkspaceSpec]
+"""Returns a new :class:`WorkspaceSpec` with a unique id on every call."""
+
+_GONE = (SandboxNotFoundError, SandboxDestroyedError)
+"""What exec and file calls raise once a workspace is destroyed."""
+
+_MIB = 1024 * 1024
+_SANDBOX_TMP = "/tmp"  # noqa: S108 - a directory inside the sandbox, not on the host
+
+
+class WorkspaceTracker:
+    """Creates workspaces for one test and destroys every one of them at the end.
+
+    Use it as the ``workspaces`` fixture of :class:`ProviderConformance`, or directly::
+
+        async with WorkspaceTracker(provider, spec_factory) as workspaces:
+            workspace_id = await workspaces.create()
+    """
+
+    def __init__(self, provider: WorkspaceProvider, spec_factory: SpecFactory) -> None:
+        self.provider = provider
+        self.spec_factory = spec_factory
+        self.ids: list[str] = []
+
+    async def create(self, spec: WorkspaceSpec | None = None) -> str:
+        """Create a workspace from ``spec`` (default: a new one from the factory) and return its id."""
+        spec = spec or self.spec_factory()
+        self.ids.append(spec.id)  # before create: a create that fails half-way must be cleaned up too
+        await self.provider.create(spec)
+        return spec.id
+
+    async def destroy_all(self) -> None:
+        """Destroy every workspace created so far; raise the first failure after trying them all."""
+        ids, self.ids = self.ids, []
+        results = await asyncio.gather(*(self.provider.destroy(i) for i in ids), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise failures[0]
+
+    async def __aenter__(self) -> WorkspaceTracker:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.destroy_all()
+
+
+# --- helpers ------------------------------------------------------------------------------------------------------
+
+
+async def _read_all(provider: WorkspaceProvider, workspace_id: str, path: str) -> bytes:
+    """The whole content of a (small) file."""
+    chunks = await provider.read_file(workspace_id, path)
+    return b"".join([chunk async for chunk in chunks])
+
+
+class _Digest(Protocol):
+    def update(self, data: bytes, /) -> None: ...
+
+
+async def _random_chunks(total: int, chunk_size: int, digest: _Digest) -> AsyncIterator[bytes]:
+    """Yield ``total`` random bytes in chunks, feeding them to ``digest`` on the way."""
+    sent = 0
+    while sent < total:
+        chunk = os.urandom(min(chunk_size, total - sent))
+        digest.update(chunk)
+        sent += len(chunk)
+        yield chunk
+
+
+async def _poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float, message: str) -> None:
+    """Await ``condition()`` until it returns true, failing the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not await condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{message} (still not true after {timeout_s:g}s)")
+        await asyncio.sleep(0.1)
+
+
+def _require(capabilities: Capabilities, flag: str, provider: WorkspaceProvider) -> None:
+    """Skip the test, naming the flag, when the provider declares it lacks a feature."""
+    if not getattr(capabilities, flag):
+        pytest.skip(f"{provider.name}: capabilities().{flag} is False")
+
+
+def _outputs(events: Sequence[object], stream: str) -> bytes:
+    """Concatenate the ``stream`` chunks of an ``exec_stream`` run."""
+    return b"".join(e.data for e in events if isinstance(e, ExecOutput) and e.stream == stream)
+
+
+# --- the suite ----------------------------------------------------------------------------------------------------
+
+
+class ProviderConformance:
+    """Behaviour every :class:`~corral.providers.base.WorkspaceProvider` must show.
+
+    Subclasses (named ``Test...``) define the ``provider`` and ``spec_factory`` fixtures; see the module docstring.
+    """
+
+    @pytest.fixture
+    def provider(self) -> WorkspaceProvider:
+        """The provider under test; every subclass must override this fixture."""
+        raise NotImplementedError(f"{type(self).__name__} must define the `provider` fixture")
+
+    @pytest.fixture
+    def spec_factory(self) -> SpecFactory:
+        """Fresh specs with unique ids; every subclass must override this fixture."""
+        raise NotImplementedError(f"{type(self).__name__} must define the `spec_factory` fixture")
+
+    @pytest.fixture
+    async def workspaces(
+        self, provider: WorkspaceProvider, spec_factory: SpecFactory
+    ) -> AsyncIterator[WorkspaceTracker]:
+        """A tracker that destroys, at the end of the test, every workspace created through it."""
+        async with WorkspaceTracker(provider, spec_factory) as tracker:
+            yield tracker
+
+    @pytest.fixture
+    async def workspace(self, workspaces: WorkspaceTracker) -> str:
+        """The id of one running workspace, destroyed after the test."""
+        return await workspaces.create()
+
+    @pytest.fixture
+    async def capabilities(self, provider: WorkspaceProvider) -> Capabilities:
+        """What the provider says it offers; used to skip tests for features it declares missing."""
+        return await provider.capabilities()
+
+    # -- provider -------------------------------------------------------------------------------------------------
+
+    async def test_satisfies_the_protocol(self, provider: WorkspaceProvider) -> None:
+        """The provider has every method of the WorkspaceProvider protocol and a non-empty name."""
+        assert isinstance(provider, WorkspaceProvider)
+        assert provider.name
+
+    async def test_health_and_capabilities(self, provider: WorkspaceProvider) -> None:
+        """health() reports healthy without side effects and capabilities() returns a Capabilities value."""
+        before = await provider.list_workspaces()
+        health = await provider.health()
+        assert health.healthy is True, health.error
+        assert await provider.list_workspaces() == before
+        assert isinstance(await provider.capabilities(), Capabilities)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    async def test_create_runs_and_lists_the_workspace(
+        self, provider: WorkspaceProvider, workspaces: WorkspaceTracker
+    ) -> None:
+        """A created workspace is running, runs commands and appears in list_workspaces."""
+        workspace_id = await workspaces.create()
+        assert await provider.state(workspace_id) is SandboxState.RUNNING
+        result = await provider.exec(workspace_id, ExecRequest("echo hello"))
+        assert (result.exit_code, result.stdout) == (0, b"hello\n")
+        assert workspace_id in await provider.list_workspaces()
+
+    async def test_destroy_removes_the_workspace_and_is_idempotent(
+        self, provider: WorkspaceProvider, workspaces: WorkspaceTracker
+    ) -> None:
+        """After destroy the workspace is missing and unlisted, and destroying it again is fine."""
+        workspace_id = await workspaces.create()
+        await provider.destroy(workspace_id)
+        assert await provider.state(workspace_id) is SandboxState.MISSING
+        assert workspace_id not in await provider.list_workspaces()
+        await provider.destroy(workspace_id)
+
+    async def test_destroy_of_an_unknown_workspace_is_fine(
+        self, provider: WorkspaceProvider, spec_factory: SpecFactory
+    ) -> None:
+        """Destroying an id the provider never saw does not raise."""
+        await provider.destroy(spec_factory().id)
+
+    async def test_calls_after_destroy_raise_not_found(
+        self, provider: WorkspaceProvider, workspaces: WorkspaceTracker
+    ) -> None:
+        """After destroy, exec and every file call raise SandboxNotFoundError or SandboxDestroyedError."""
+        workspace_id = await workspaces.create()
+        await provider.write_file(workspace_id, "/workspace/kept.txt", b"data")
+        await provider.destroy(workspace_id)
+        with pytest.raises(_GONE):
+            await provider.exec(workspace_id, ExecRequest("true"))
+        with pytest.raises(_GONE):
+            async for _ in provider.exec_stream(workspace_id, ExecRequest("true")):
+                pass
+        with pytest.raises(_GONE):
+            await provider.read_file(workspace_id, "/workspace/kept.txt")
+        with pytest.raises(_GONE):
+            await provider.write_file(workspace_id, "/workspace/new.txt", b"data")
+        with pytest.raises(_GONE):
+            await provider.stat(workspace_id, "/workspace/kept.txt")
+        with pytest.raises(_GONE):
+            await provider.list_dir(workspace_id, "/workspace")
+
+    async def test_unknown_workspace_raises_not_found(
+        self, provider: WorkspaceProvider, spec_factory: SpecFactory
+    ) -> None:
+        """Exec, read_file and stat on an id that was never created raise SandboxNotFoundError; state is missing."""
+        unknown = spec_factory().id
+        assert await provider.state(unknown) is SandboxState.MISSING
+        with pytest.raises(SandboxNotFoundError):
+            await provider.exec(unknown, ExecRequest("true"))
+        with pytest.raises(SandboxNotFoundError):
+            await provider.read_file(unknown, "/workspace/file.txt")
+        with pytest.raises(SandboxNotFoundError):
+            await provider.stat(unknown, "/workspace")
+
+    async def test_concurrent_creates(self, provider: WorkspaceProvider, workspaces: WorkspaceTracker) -> None:
+        """Ten concurrent creates all succeed with distinct ids, each runs commands, and all can be destroyed."""
+        ids = await asyncio.gather(*(workspaces.create() for _ in range(10)))
+        assert len(set(ids)) == 10
+        results = await asyncio.gather(*(provider.exec(i, ExecRequest("echo", (i,))) for i in ids))
+        assert [r.stdout for r in results] == [f"{i}\n".encode() for i in ids]
+        await asyncio.gather(*(provider.destroy(i) for i in ids))
+        assert set(await asyncio.gather(*(provider.state(i) for i in ids))) == {SandboxState.MISSING}
+
+    # -- stop and resume ------------------------------------------------------------------------------------------
+
+    async def test_stop_and_resume_keep_the_workspace_files(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """A file written under /workspace before stop has the same bytes after resume."""
+        _require(capabilities, "persistence", provider)
+        content = bytes(range(256)) * 16
+        await provider.write_file(workspace, "/workspace/state/kept.bin", content)
+        await provider.stop(workspace)
+        assert await provider.state(workspace) is SandboxState.STOPPED
+        assert workspace in await provider.list_workspaces()
+        await provider.resume(workspace)
+        assert await provider.state(workspace) is SandboxState.RUNNING
+        assert await _read_all(provider, workspace, "/workspace/state/kept.bin") == content
+        result = await provider.exec(workspace, ExecRequest("cat /workspace/state/kept.bin"))
+        assert result.stdout == content
+
+    async def test_exec_on_a_stopped_workspace_raises_state_error(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """Exec on a stopped workspace raises WorkspaceStateError."""
+        _require(capabilities, "persistence", provider)
+        await provider.stop(workspace)
+        with pytest.raises(WorkspaceStateError):
+            await provider.exec(workspace, ExecRequest("true"))
+
+    async def test_resume_of_a_running_workspace_is_a_noop(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Resuming a running workspace keeps it running with its files."""
+        await provider.write_file(workspace, "/workspace/still-here.txt", b"yes")
+        await provider.resume(workspace)
+        assert await provider.state(workspace) is SandboxState.RUNNING
+        assert await _read_all(provider, workspace, "/workspace/still-here.txt") == b"yes"
+        assert (await provider.exec(workspace, ExecRequest("true"))).exit_code == 0
+
+    # -- exec -----------------------------------------------------------------------------------------------------
+
+    async def test_exec_separates_stdout_and_stderr(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Stdout and stderr come back separately."""
+        result = await provider.exec(workspace, ExecRequest("echo out; echo err >&2"))
+        assert (result.exit_code, result.stdout, result.stderr) == (0, b"out\n", b"err\n")
+
+    async def test_exec_returns_exit_codes(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """A nonzero exit is a result, not an error: `exit 3` gives 3 and `false` gives 1."""
+        assert (await provider.exec(workspace, ExecRequest("exit 3"))).exit_code == 3
+        assert (await provider.exec(workspace, ExecRequest("false"))).exit_code == 1
+        assert (await provider.exec(workspace, ExecRequest("true && exit 0"))).exit_code == 0
+
+    async def test_exec_shell_mode_quotes_args(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """In shell mode args are shell-quoted, so spaces and `$HOME` reach the command literally."""
+        result = await provider.exec(workspace, ExecRequest("echo", ("a b", "$HOME")))
+        assert result.stdout == b"a b $HOME\n"
+
+    async def test_exec_passes_env(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Variables of the request env are visible to the command."""
+        request = ExecRequest('echo "$GREETING"; printf "%s\\n" "${OTHER}"', env={"GREETING": "hi there", "OTHER": "x"})
+        assert (await provider.exec(workspace, request)).stdout == b"hi there\nx\n"
+
+    async def test_exec_sees_the_spec_env(
+        self, provider: WorkspaceProvider, workspaces: WorkspaceTracker, spec_factory: SpecFactory
+    ) -> None:
+        """Variables of WorkspaceSpec.env reach every command, and the request env overrides them."""
+        spec = spec_factory()
+        spec = dataclasses.replace(spec, env={**spec.env, "FROM_SPEC": "spec", "BOTH": "spec"})
+        workspace_id = await workspaces.create(spec)
+        request = ExecRequest('echo "$FROM_SPEC $BOTH"', env={"BOTH": "request"})
+        assert (await provider.exec(workspace_id, request)).stdout == b"spec request\n"
+
+    async def test_exec_honours_cwd(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """The command runs in the requested working directory."""
+        await provider.write_file(workspace, "/workspace/sub/here.txt", b"found\n")
+        assert (await provider.exec(workspace, ExecRequest("pwd", cwd=_SANDBOX_TMP))).stdout == b"/tmp\n"
+        result = await provider.exec(workspace, ExecRequest("pwd; cat here.txt", cwd="/workspace/sub"))
+        assert result.stdout == b"/workspace/sub\nfound\n"
+
+    async def test_exec_argv_mode_involves_no_shell(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """In argv mode `$(...)` is a literal argument: it is printed and nothing runs."""
+        request = ExecRequest("echo", ("$(touch /tmp/pwned)",), mode=ExecMode.ARGV)
+        result = await provider.exec(workspace, request)
+        assert (result.exit_code, result.stdout) == (0, b"$(touch /tmp/pwned)\n")
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, f"{_SANDBOX_TMP}/pwned")
+
+    async def test_exec_and_files_share_the_file_system(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Files written through the file API are seen by commands and the other way round."""
+        await provider.write_file(workspace, "/workspace/from-api.txt", b"api\n")
+        assert (await provider.exec(workspace, ExecRequest("cat /workspace/from-api.txt"))).stdout == b"api\n"
+        assert (await provider.exec(workspace, ExecRequest("touch /workspace/from-exec"))).exit_code == 0
+        info = await provider.stat(workspace, "/workspace/from-exec")
+        assert (info.type, info.size) == ("file", 0)
+
+    # -- streaming ------------------------------------------------------------------------------------------------
+
+    async def test_exec_stream_tags_streams_and_ends_with_exit(
+        self, provider: WorkspaceProvider, workspace: str
+    ) -> None:
+        """exec_stream tags stdout and stderr chunks and ends with one ExecExit carrying the exit code."""
+        events = [e async for e in provider.exec_stream(workspace, ExecRequest("echo out; echo err >&2; exit 4"))]
+        assert isinstance(events[-1], ExecExit)
+        assert events[-1].exit_code == 4
+        assert all(isinstance(e, ExecOutput) for e in events[:-1])
+        assert (_outputs(events, "stdout"), _outputs(events, "stderr")) == (b"out\n", b"err\n")
+
+    async def test_exec_stream_yields_output_as_it_is_produced(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """Output written before a pause arrives before the pause ends, well ahead of the command's exit."""
+        _require(capabilities, "streaming", provider)
+        pause_s = 0.3
+        seen = b""
+        first_at = second_at = exit_at = None
+        async for event in provider.exec_stream(workspace, ExecRequest(f"echo a; sleep {pause_s}; echo b")):
+            now = time.monotonic()
+            if isinstance(event, ExecExit):
+                exit_at = now
+                continue
+            assert event.stream == "stdout"
+            seen += event.data
+            if first_at is None and b"a" in seen:
+                first_at = now
+            if second_at is None and b"b" in seen:
+                second_at = now
+        assert seen == b"a\nb\n"
+        assert first_at is not None
+        assert second_at is not None
+        assert exit_at is not None
+        # Relative to the command's own pause, not to the wall clock: "a" must not wait for the pause.
+        assert second_at - first_at >= pause_s / 2, "the first line was held back until the command went on"
+        assert exit_at - first_at >= pause_s / 2
+
+    # -- timeouts -------------------------------------------------------------------------------------------------
+
+    async def test_exec_timeout_raises_with_partial_output(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """A command past its deadline raises ExecTimeoutError soon after it, carrying the output so far."""
+        started = time.monotonic()
+        with pytest.raises(ExecTimeoutError) as caught:
+            await provider.exec(workspace, ExecRequest("echo partial; sleep 30", timeout_s=1))
+        assert time.monotonic() - started < 10, "the deadline was not enforced: the command ran on"
+        assert b"partial" in caught.value.stdout
+        assert (await provider.exec(workspace, ExecRequest("echo alive"))).stdout == b"alive\n"
+
+    async def test_exec_timeout_kills_the_process(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """After a timeout no `sleep 30` process is left in the sandbox (checked through /proc, as minimal
+        images have no ps)."""
+        if capabilities.isolation == "none":
+            pytest.skip(f"{provider.name}: capabilities().isolation is 'none': no process table to inspect")
+        with pytest.raises(ExecTimeoutError):
+            await provider.exec(workspace, ExecRequest("sleep 30", timeout_s=1))
+
+        async def sleep_is_gone() -> bool:
+            # Every process's argv, NUL-separated; a process that exits while cat runs only adds a stderr line.
+            listing = await provider.exec(workspace, ExecRequest("cat /proc/[0-9]*/cmdline", timeout_s=30))
+            assert listing.stdout, f"could not list processes: {listing.stderr!r}"
+            return b"sleep\x0030" not in listing.stdout
+
+        await _poll(sleep_is_gone, timeout_s=10, message="`sleep 30` survived the exec timeout")
+
+    # -- files ----------------------------------------------------------------------------------------------------
+
+    async def test_binary_roundtrip(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """All 256 byte values are written and read back unchanged."""
+        content = bytes(range(256))
+        assert await provider.write_file(workspace, "/workspace/all-bytes.bin", content) == 256
+        assert await _read_all(provider, workspace, "/workspace/all-bytes.bin") == content
+
+    async def test_large_file_streams_both_ways(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """A 10 MiB file written from an async iterable of chunks reads back, streamed, with the same sha256."""
+        total = 10 * _MIB
+        written = hashlib.sha256()
+        size = await provider.write_file(workspace, "/workspace/big.bin", _random_chunks(total, _MIB + 7, written))
+        assert size == total
+        assert (await provider.stat(workspace, "/workspace/big.bin")).size == total
+        read, count = hashlib.sha256(), 0
+        async for chunk in await provider.read_file(workspace, "/workspace/big.bin"):
+            read.update(chunk)
+            count += len(chunk)
+        assert count == total
+        assert read.hexdigest() == written.hexdigest()
+
+    async def test_unicode_file_names(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Non-ASCII directory and file names work through the file API and in commands."""
+        path = "/workspace/dossier-été/résumé ✓.txt"
+        await provider.write_file(workspace, path, "contenu ✓\n".encode())
+        assert await _read_all(provider, workspace, path) == "contenu ✓\n".encode()
+        assert [e.name for e in await provider.list_dir(workspace, "/workspace/dossier-été")] == ["résumé ✓.txt"]
+        assert (await provider.exec(workspace, ExecRequest("cat", (path,)))).stdout == "contenu ✓\n".encode()
+
+    async def test_write_creates_missing_parents(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """write_file creates every missing parent directory."""
+        await provider.write_file(workspace, "/workspace/a/b/c/leaf.txt", b"leaf")
+        assert (await provider.stat(workspace, "/workspace/a/b")).type == "dir"
+        assert await _read_all(provider, workspace, "/workspace/a/b/c/leaf.txt") == b"leaf"
+
+    async def test_relative_paths_start_at_workspace(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """A relative path is taken from /workspace."""
+        await provider.write_file(workspace, "relative/file.txt", b"rel")
+        assert await _read_all(provider, workspace, "/workspace/relative/file.txt") == b"rel"
+
+    async def test_read_of_a_missing_file_raises(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """read_file and stat of a missing path raise WorkspaceFileNotFoundError when awaited."""
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.read_file(workspace, "/workspace/missing.txt")
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/missing.txt")
+
+    async def test_list_dir_is_sorted_with_types_and_sizes(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """list_dir returns the direct entries sorted by name, with absolute paths, types and file sizes."""
+        await provider.write_file(workspace, "/workspace/listing/c.bin", b"12345")
+        await provider.write_file(workspace, "/workspace/listing/a/inner.txt", b"not listed")
+        await provider.write_file(workspace, "/workspace/listing/b.txt", b"123")
+        entries = await provider.list_dir(workspace, "/workspace/listing")
+        assert [(e.name, e.path, e.type) for e in entries] == [
+            ("a", "/workspace/listing/a", "dir"),
+            ("b.txt", "/workspace/listing/b.txt", "file"),
+            ("c.bin", "/workspace/listing/c.bin", "file"),
+        ]
+        assert [e.size for e in entries[1:]] == [3, 5]
+
+    async def test_stat_of_file_and_dir(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """stat reports name, absolute path, type, size and a modification time for files and directories."""
+        await provider.write_file(workspace, "/workspace/stat/file.txt", b"hello")
+        file_info = await provider.stat(workspace, "/workspace/stat/file.txt")
+        assert (file_info.path, file_info.name, file_info.type, file_info.size) == (
+            "/workspace/stat/file.txt",
+            "file.txt",
+            "file",
+            5,
+        )
+        assert file_info.mtime > 0
+        dir_info = await provider.stat(workspace, "/workspace/stat")
+        assert (dir_info.path, dir_info.name, dir_info.type) == ("/workspace/stat", "stat", "dir")
+
+    async def test_delete_file(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """A deleted file is gone."""
+        await provider.write_file(workspace, "/workspace/doomed.txt", b"x")
+        await provider.delete(workspace, "/workspace/doomed.txt")
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/doomed.txt")
+
+    async def test_delete_directory_needs_recursive_when_not_empty(
+        self, provider: WorkspaceProvider, workspace: str
+    ) -> None:
+        """A non-empty directory is deleted only with recursive; an empty one without."""
+        await provider.write_file(workspace, "/workspace/full/sub/file.txt", b"x")
+        with pytest.raises(FileOperationError):
+            await provider.delete(workspace, "/workspace/full")
+        assert await _read_all(provider, workspace, "/workspace/full/sub/file.txt") == b"x"
+        await provider.delete(workspace, "/workspace/full", recursive=True)
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/full")
+
+        await provider.write_file(workspace, "/workspace/empty/file.txt", b"x")
+        await provider.delete(workspace, "/workspace/empty/file.txt")
+        await provider.delete(workspace, "/workspace/empty")
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/empty")
+
+    async def test_move_file_and_directory(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """move renames files and directories, creating the destination's missing parents."""
+        await provider.write_file(workspace, "/workspace/mv/src.txt", b"file")
+        await provider.move(workspace, "/workspace/mv/src.txt", "/workspace/mv/new/deeper/dst.txt")
+        assert await _read_all(provider, workspace, "/workspace/mv/new/deeper/dst.txt") == b"file"
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/mv/src.txt")
+
+        await provider.write_file(workspace, "/workspace/mv/dir/inner/f.txt", b"tree")
+        await provider.move(workspace, "/workspace/mv/dir", "/workspace/mv/renamed")
+        assert await _read_all(provider, workspace, "/workspace/mv/renamed/inner/f.txt") == b"tree"
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/mv/dir")
+
+    async def test_chmod_and_write_mode(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """chmod sets the permission bits stat reports, and write_file(mode=...) sets them on creation."""
+        await provider.write_file(workspace, "/workspace/perm.txt", b"x")
+        await provider.chmod(workspace, "/workspace/perm.txt", 0o600)
+        assert (await provider.stat(workspace, "/workspace/perm.txt")).mode == 0o600
+        await provider.chmod(workspace, "/workspace/perm.txt", 0o755)
+        assert (await provider.stat(workspace, "/workspace/perm.txt")).mode == 0o755
+        await provider.write_file(workspace, "/workspace/with-mode.txt", b"x", mode=0o640)
+        assert (await provider.stat(workspace, "/workspace/with-mode.txt")).mode == 0o640
+
+    async def test_glob_matches_at_any_depth(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """`**/*.py` matches at every depth, including directly under root, and returns sorted absolute paths."""
+        for path in ["g/top.py", "g/sub/b.py", "g/sub/deep/a.py", "g/sub/notes.txt", "elsewhere/x.py"]:
+            await provider.write_file(workspace, f"/workspace/{path}", b"")
+        found = await provider.glob(workspace, "**/*.py", root="/workspace/g")
+        assert found == ["/workspace/g/sub/b.py", "/workspace/g/sub/deep/a.py", "/workspace/g/top.py"]
+        limited = await provider.glob(workspace, "**/*.py", root="/workspace/g", limit=2)
+        assert len(limited) == 2
+        assert set(limited) <= set(found)
+
+    async def test_realpath_normalises(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """realpath removes `.` and `..` and keeps a missing last component."""
+        await provider.write_file(workspace, "/workspace/rp/sub/f.txt", b"")
+        assert await provider.realpath(workspace, "/workspace/rp/./sub/../sub/f.txt") == "/workspace/rp/sub/f.txt"
+        assert await provider.realpath(workspace, "/workspace/rp/missing.txt") == "/workspace/rp/missing.txt"

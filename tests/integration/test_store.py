@@ -1,0 +1,460 @@
+"""The store's behaviour, run on SQLite always and on PostgreSQL when ``CORRAL_TEST_POSTGRES_URL`` is set.
+
+``bash scripts/postgres.sh`` starts a local PostgreSQL and prints the URL to export. Every PostgreSQL test gets a
+database of its own, created from that URL's connection and dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, inspect, text
+from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+import corral.store
+from corral.errors import CorralError, InvalidRequestError, SandboxNotFoundError
+from corral.store import ProviderAttempt, Store, WorkspaceRecord, async_url, migrate
+from corral.store.models import Base
+
+POSTGRES_URL_ENV = "CORRAL_TEST_POSTGRES_URL"
+TABLES = {"workspaces", "agent_types", "sessions", "audit_entries"}
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", marks=pytest.mark.unit, id="sqlite"),
+        pytest.param("postgresql", marks=pytest.mark.integration, id="postgresql"),
+    ]
+)
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    """A URL to an empty database of the parametrized kind, removed after the test."""
+    if request.param == "sqlite":
+        # A directory that does not exist yet: opening the store must create it.
+        yield f"sqlite:///{tmp_path / 'data' / 'corral.db'}"
+        return
+    admin_url = os.environ.get(POSTGRES_URL_ENV)
+    if not admin_url:
+        pytest.skip(f"{POSTGRES_URL_ENV} is not set; run `bash scripts/postgres.sh` and export the URL it prints")
+    name = f"corral_test_{uuid.uuid4().hex[:16]}"
+    admin = create_async_engine(async_url(admin_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        try:
+            async with admin.connect() as connection:
+                await connection.execute(text(f'CREATE DATABASE "{name}"'))
+        except ProgrammingError as exc:
+            pytest.fail(f"cannot create a test database with {POSTGRES_URL_ENV} (the role needs CREATEDB): {exc}")
+        try:
+            yield async_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            async with admin.connect() as connection:
+                await connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        await admin.dispose()
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    """An open, migrated store on the parametrized database."""
+    opened = await Store.open(database_url)
+    async with opened:
+        yield opened
+
+
+async def _workspace(store: Store, **overrides: Any) -> WorkspaceRecord:
+    fields: dict[str, Any] = {
+        "requested_provider": "auto",
+        "container_type": "agent_workspace",
+        "resource_limits": {"cpu": "2", "memory": "4G", "disk": "10G"},
+        "network": "isolated",
+        "base_image": "corral/workspace:base",
+    }
+    fields.update(overrides)
+    return await store.workspaces.create(**fields)
+
+
+def _table_names(connection: Connection) -> set[str]:
+    return set(inspect(connection).get_table_names())
+
+
+def _schema_diff(connection: Connection) -> list[Any]:
+    return list(compare_metadata(MigrationContext.configure(connection), Base.metadata))
+
+
+# --- migrations ------------------------------------------------------------------------------------------------------
+
+
+async def test_migrations_create_the_tables_and_a_second_run_changes_nothing(store: Store) -> None:
+    """Opening the store creates every table at revision 0001, and migrating again keeps the schema and the data."""
+    async with store.engine.connect() as connection:
+        assert TABLES | {"alembic_version"} <= await connection.run_sync(_table_names)
+    created = await _workspace(store)
+
+    await migrate(store.engine)
+
+    async with store.engine.connect() as connection:
+        versions = (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars().all()
+    assert versions == ["0001"]
+    assert await store.workspaces.get(created.id) == created
+
+
+async def test_migrations_match_the_models(store: Store) -> None:
+    """Alembic finds no difference between the migrated schema and the models, so no migration is missing."""
+    async with store.engine.connect() as connection:
+        assert await connection.run_sync(_schema_diff) == []
+
+
+# --- workspaces ------------------------------------------------------------------------------------------------------
+
+
+async def test_workspace_create_and_get_round_trip_every_field(store: Store) -> None:
+    """A created workspace reads back equal, with JSON columns intact and timestamps timezone-aware UTC."""
+    metadata = {"owner": "zoë", "nested": {"list": [1, 2.5, None, True], "empty": {}}, "n": 3}
+    attempts = (ProviderAttempt("firecracker", "KVM is not available"), ProviderAttempt("gvisor", "runsc missing"))
+    created = await _workspace(
+        store,
+        provider="docker",
+        metadata=metadata,
+        warnings=["reduced isolation: plain Docker (runc)"],
+        provider_attempts=attempts,
+        status="ready",
+    )
+
+    fetched = await store.workspaces.get(created.id)
+
+    assert fetched == created
+    assert fetched is not None
+    assert len(fetched.id) == 32
+    assert fetched.metadata == metadata
+    assert fetched.resource_limits == {"cpu": "2", "memory": "4G", "disk": "10G"}
+    assert fetched.provider_attempts == attempts
+    assert fetched.warnings == ("reduced isolation: plain Docker (runc)",)
+    assert fetched.from_warm_pool is False
+    assert fetched.created_at.tzinfo == UTC
+    assert abs(datetime.now(UTC) - fetched.created_at) < timedelta(minutes=1)
+    assert fetched.last_used_at is None
+    assert fetched.destroyed_at is None
+
+
+async def test_workspace_get_of_an_unknown_id_is_none_and_update_raises_not_found(store: Store) -> None:
+    """Reading a missing workspace gives None; changing one raises SandboxNotFoundError."""
+    assert await store.workspaces.get("0" * 32) is None
+    with pytest.raises(SandboxNotFoundError, match=r"0{32}"):
+        await store.workspaces.update("0" * 32, error="x")
+    with pytest.raises(SandboxNotFoundError):
+        await store.workspaces.mark_status("0" * 32, "ready")
+    with pytest.raises(SandboxNotFoundError):
+        await store.workspaces.add_warnings("0" * 32, "w")
+
+
+async def test_workspace_duplicate_id_is_an_invalid_request(store: Store) -> None:
+    """Creating a workspace with an id already in use raises InvalidRequestError naming the id."""
+    await _workspace(store, id="a" * 32)
+    with pytest.raises(InvalidRequestError, match=r"a{32}"):
+        await _workspace(store, id="a" * 32)
+
+
+async def test_workspace_list_filters_by_status_and_hides_destroyed(store: Store) -> None:
+    """Listing skips destroyed workspaces unless asked, filters by one or several statuses, and keeps creation order."""
+    ready = await _workspace(store, status="ready")
+    stopped = await _workspace(store, status="stopped")
+    gone = await _workspace(store, status="ready")
+    await store.workspaces.mark_status(gone.id, "destroyed")
+
+    assert [w.id for w in await store.workspaces.list()] == [ready.id, stopped.id]
+    assert [w.id for w in await store.workspaces.list(status="ready")] == [ready.id]
+    assert [w.id for w in await store.workspaces.list(status=["ready", "stopped"])] == [ready.id, stopped.id]
+    assert [w.id for w in await store.workspaces.list(status="destroyed")] == [gone.id]
+    assert [w.id for w in await store.workspaces.list(include_destroyed=True)] == [ready.id, stopped.id, gone.id]
+
+
+async def test_workspace_update_changes_only_the_given_fields(store: Store) -> None:
+    """An update writes the fields it names, refreshes updated_at, and leaves every other field as it was."""
+    created = await _workspace(store, metadata={"keep": "me"})
+    used_at = datetime(2030, 1, 2, 3, 4, 5, 600_000, tzinfo=UTC)
+
+    updated = await store.workspaces.update(
+        created.id, status="ready", provider="gvisor", last_used_at=used_at, error=None
+    )
+
+    assert (updated.status, updated.provider, updated.last_used_at) == ("ready", "gvisor", used_at)
+    assert updated.metadata == {"keep": "me"}
+    assert updated.resource_limits == created.resource_limits
+    assert updated.created_at == created.created_at
+    assert updated.updated_at >= created.updated_at
+    assert await store.workspaces.get(created.id) == updated
+
+
+async def test_workspace_timestamps_in_other_zones_come_back_as_utc(store: Store) -> None:
+    """A timezone-aware time in another zone is stored as the same instant and read back in UTC."""
+    created = await _workspace(store)
+    eastern = datetime(2030, 6, 1, 12, 0, tzinfo=UTC).astimezone(timezone(timedelta(hours=-5)))
+
+    updated = await store.workspaces.update(created.id, last_used_at=eastern)
+
+    assert updated.last_used_at == eastern
+    assert updated.last_used_at is not None
+    assert updated.last_used_at.tzinfo == UTC
+
+
+async def test_mark_destroyed_records_the_time_and_leaves_the_pool(store: Store) -> None:
+    """Marking a pooled workspace destroyed sets destroyed_at and clears its pool key."""
+    created = await _workspace(store, status="ready", pool_key="docker:base")
+
+    destroyed = await store.workspaces.mark_status(created.id, "destroyed", error="gone from the runtime")
+
+    assert destroyed.status == "destroyed"
+    assert destroyed.destroyed_at is not None
+    assert destroyed.pool_key is None
+    assert destroyed.error == "gone from the runtime"
+
+
+async def test_concurrent_updates_of_different_fields_on_one_workspace_all_survive(store: Store) -> None:
+    """Twenty concurrent updates, each setting one of five fields, leave every field with a value one of them wrote."""
+    created = await _workspace(store, metadata={"initial": True})
+    base_time = datetime(2030, 1, 1, tzinfo=UTC)
+    writers: dict[str, Any] = {
+        "provider": lambda i: f"provider-{i}",
+        "error": lambda i: f"error-{i}",
+        "pool_key": lambda i: f"pool-{i}",
+        "metadata": lambda i: {"writer": i},
+        "last_used_at": lambda i: base_time + timedelta(seconds=i),
+    }
+    names = list(writers)
+    written: dict[str, list[Any]] = {name: [] for name in names}
+    updates = []
+    for i in range(20):
+        name = names[i % len(names)]
+        value = writers[name](i)
+        written[name].append(value)
+        updates.append(store.workspaces.update(created.id, **{name: value}))
+
+    await asyncio.gather(*updates)
+
+    final = await store.workspaces.get(created.id)
+    assert final is not None
+    for name in names:
+        assert getattr(final, name) in written[name], name
+    assert (final.status, final.requested_provider, final.warnings) == ("creating", "auto", ())
+
+
+async def test_concurrent_warning_appends_keep_every_warning(store: Store) -> None:
+    """Twenty concurrent add_warnings calls on one workspace lose none, and a repeated warning is stored once."""
+    created = await _workspace(store, warnings=["first"])
+
+    await asyncio.gather(*(store.workspaces.add_warnings(created.id, f"warning {i}", "first") for i in range(20)))
+
+    final = await store.workspaces.get(created.id)
+    assert final is not None
+    assert final.warnings[0] == "first"
+    assert sorted(final.warnings[1:]) == sorted(f"warning {i}" for i in range(20))
+
+
+async def test_claims_from_a_warm_pool_never_hand_out_a_workspace_twice(store: Store) -> None:
+    """Ten concurrent claims on a pool of five ready workspaces get the five exactly once, then nothing."""
+    pooled = {(await _workspace(store, status="ready", pool_key="docker:base")).id for _ in range(5)}
+    await _workspace(store, status="creating", pool_key="docker:base")  # not ready: never claimed
+    await _workspace(store, status="ready", pool_key="gvisor:base")  # another pool
+
+    claims = await asyncio.gather(*(store.workspaces.claim_from_pool("docker:base") for _ in range(10)))
+
+    claimed = [c for c in claims if c is not None]
+    assert sorted(c.id for c in claimed) == sorted(pooled)
+    assert all(c.pool_key is None and c.from_warm_pool and c.last_used_at is not None for c in claimed)
+    assert await store.workspaces.claim_from_pool("docker:base") is None
+    assert len(await store.workspaces.list(pool_key="gvisor:base")) == 1
+
+
+# --- agent types -----------------------------------------------------------------------------------------------------
+
+
+async def test_agent_types_create_get_list_and_update_config(store: Store) -> None:
+    """Agent types are found by id and by name, listed in creation order, and their config can be replaced."""
+    config = {"enabled": True, "tools": ["bash", "read"], "resource_limits": {"cpu": "1"}}
+    reviewer = await store.agent_types.create("reviewer", config)
+    coder = await store.agent_types.create("coder", {})
+
+    assert await store.agent_types.get(reviewer.id) == reviewer
+    assert await store.agent_types.get_by_name("coder") == coder
+    assert await store.agent_types.get_by_name("nobody") is None
+    assert await store.agent_types.get("missing") is None
+    assert [t.name for t in await store.agent_types.list()] == ["reviewer", "coder"]
+
+    updated = await store.agent_types.update_config(reviewer.id, {"enabled": False})
+
+    assert updated is not None
+    assert updated.workspace_config == {"enabled": False}
+    assert await store.agent_types.get(reviewer.id) == updated
+    assert await store.agent_types.update_config("missing", {}) is None
+
+
+async def test_agent_type_duplicate_name_is_an_invalid_request_naming_it(store: Store) -> None:
+    """A second agent type with a taken name (or id) raises InvalidRequestError whose message names the duplicate."""
+    first = await store.agent_types.create("reviewer", {})
+    with pytest.raises(InvalidRequestError, match="agent type named 'reviewer' already exists"):
+        await store.agent_types.create("reviewer", {"enabled": True})
+    with pytest.raises(InvalidRequestError, match=f"agent type id '{first.id}' already exists"):
+        await store.agent_types.create("other", {}, id=first.id)
+    assert await store.agent_types.list() == [first]
+
+
+# --- sessions --------------------------------------------------------------------------------------------------------
+
+
+async def test_session_keeps_the_config_snapshot_taken_at_start(store: Store) -> None:
+    """A session keeps the agent type's config as it was at creation, whatever happens to the agent type later."""
+    agent_type = await store.agent_types.create("coder", {"tools": ["bash"], "network": "isolated"})
+    task = {"context": {"repository_url": "https://example.test/r.git", "branch": "main", "pull_request_number": 7}}
+    snapshotted = await store.sessions.create(agent_type.id, task_context=task)
+    explicit = await store.sessions.create(agent_type.id, workspace_config={"tools": ["read"]})
+
+    await store.agent_types.update_config(agent_type.id, {"tools": ["bash", "git"], "network": "default"})
+
+    fetched = await store.sessions.get(snapshotted.id)
+    assert fetched is not None
+    assert fetched.workspace_config == {"tools": ["bash"], "network": "isolated"}
+    assert fetched.task_context == task
+    assert (fetched.status, fetched.degraded, fetched.workspace_id, fetched.ended_at) == (
+        "provisioning",
+        False,
+        None,
+        None,
+    )
+    assert (await store.sessions.get(explicit.id)) == explicit
+    assert explicit.workspace_config == {"tools": ["read"]}
+
+
+async def test_session_for_an_unknown_agent_type_or_a_taken_id_is_an_invalid_request(store: Store) -> None:
+    """A session for a missing agent type (with or without an explicit config) or with a taken id is refused."""
+    with pytest.raises(InvalidRequestError, match="agent type 'ghost' does not exist"):
+        await store.sessions.create("ghost")
+    with pytest.raises(InvalidRequestError, match="agent type 'ghost' does not exist"):
+        await store.sessions.create("ghost", workspace_config={})
+    agent_type = await store.agent_types.create("coder", {})
+    session = await store.sessions.create(agent_type.id)
+    with pytest.raises(InvalidRequestError, match=f"session '{session.id}' already exists"):
+        await store.sessions.create(agent_type.id, id=session.id, workspace_config={})
+
+
+async def test_session_update_degrade_and_end(store: Store) -> None:
+    """Session updates set only the given fields, ending sets ended_at, and a missing session gives None."""
+    agent_type = await store.agent_types.create("coder", {})
+    session = await store.sessions.create(agent_type.id)
+    workspace = await _workspace(store)
+
+    active = await store.sessions.update(session.id, status="active", workspace_id=workspace.id)
+    degraded = await store.sessions.update(session.id, degraded=True, degraded_reason="no provider is available")
+    warned = await store.sessions.add_warnings(session.id, "setup command failed", "setup command failed")
+    ended = await store.sessions.update(session.id, status="ended")
+
+    assert active is not None
+    assert (active.status, active.workspace_id, active.ended_at) == ("active", workspace.id, None)
+    assert degraded is not None
+    assert (degraded.status, degraded.degraded, degraded.degraded_reason) == (
+        "active",
+        True,
+        "no provider is available",
+    )
+    assert warned is not None
+    assert warned.warnings == ("setup command failed",)
+    assert ended is not None
+    assert ended.status == "ended"
+    assert ended.ended_at is not None
+    assert ended.workspace_id == workspace.id
+    assert [s.id for s in await store.sessions.list(workspace_id=workspace.id)] == [session.id]
+    assert await store.sessions.list(status="active") == []
+    assert await store.sessions.update("missing", status="ended") is None
+    assert await store.sessions.add_warnings("missing", "w") is None
+
+
+# --- audit -----------------------------------------------------------------------------------------------------------
+
+
+async def test_audit_entries_list_in_time_order_per_session(store: Store) -> None:
+    """Audit entries come back for their session only, ordered by time and then by insertion."""
+    t0 = datetime.now(UTC) - timedelta(hours=1)
+    await store.audit.append(
+        "s1", tool="write", arguments_summary="b", status="ok", duration_ms=2.5, at=t0 + timedelta(minutes=1)
+    )
+    await store.audit.append("s1", tool="bash", arguments_summary="a", status="ok", duration_ms=1.0, at=t0)
+    await store.audit.append("s2", tool="read", arguments_summary="x", status="ok", duration_ms=0.1, at=t0)
+    await store.audit.append(
+        "s1", tool="grep", arguments_summary="c", status="denied", duration_ms=0, at=t0 + timedelta(minutes=1)
+    )
+    latest = await store.audit.append("s1", tool="git", arguments_summary="d", status="error", duration_ms=3.25)
+
+    entries = await store.audit.list("s1")
+
+    assert [e.arguments_summary for e in entries] == ["a", "b", "c", "d"]
+    assert entries[-1] == latest
+    assert entries[0].at == t0
+    assert entries[0].duration_ms == 1.0
+    assert entries[2].status == "denied"
+    assert await store.audit.list("nobody") == []
+
+
+# --- opening ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.unit
+async def test_sqlite_connections_use_wal_a_busy_timeout_and_foreign_keys(tmp_path: Path) -> None:
+    """Every SQLite connection runs in WAL mode with a busy timeout and enforced foreign keys."""
+    async with await Store.open(f"sqlite:///{tmp_path / 'corral.db'}") as store, store.engine.connect() as connection:
+        pragmas = [
+            (await connection.execute(text(f"PRAGMA {name}"))).scalar_one()
+            for name in ("journal_mode", "busy_timeout", "foreign_keys")
+        ]
+    assert pragmas == ["wal", corral.store.db.SQLITE_BUSY_TIMEOUT_MS, 1]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("sqlite:///{tmp}/a-file/corral.db", marks=pytest.mark.unit, id="sqlite"),
+        pytest.param("postgresql://corral:s3cret@127.0.0.1:1/corral", marks=pytest.mark.integration, id="postgresql"),
+    ],
+)
+async def test_opening_an_unusable_database_raises_a_corral_error_without_the_password(
+    url: str, tmp_path: Path
+) -> None:
+    """A database that cannot be opened raises CorralError, and the message never shows the password."""
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(CorralError, match="cannot open the database") as caught:
+        await Store.open(url.format(tmp=tmp_path))
+    assert "s3cret" not in str(caught.value)
+
+
+@pytest.mark.unit
+def test_the_store_package_exports_its_public_api() -> None:
+    """corral.store exports exactly the store's public names."""
+    assert set(corral.store.__all__) == {
+        "UNSET",
+        "AgentTypeRecord",
+        "AgentTypeRepository",
+        "AuditEntry",
+        "AuditRepository",
+        "ProviderAttempt",
+        "SessionRecord",
+        "SessionRepository",
+        "SessionStatus",
+        "Store",
+        "Unset",
+        "WorkspaceRecord",
+        "WorkspaceRepository",
+        "WorkspaceStatus",
+        "alembic_config",
+        "async_url",
+        "create_engine",
+        "migrate",
+    }
+    assert all(hasattr(corral.store, name) for name in corral.store.__all__)
