@@ -54,3 +54,7 @@ def image_build(
 def main() -> None:
     """Entry point of the ``corral`` script."""
     app()
+
+
+if __name__ == "__main__":
+    main()

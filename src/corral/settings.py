@@ -52,7 +52,9 @@ class Settings(BaseSettings):
     default_cpu: str = Field("2", validation_alias=AliasChoices("WORKSPACE_DEFAULT_CPU", "CORRAL_DEFAULT_CPU"))
     """WORKSPACE_DEFAULT_CPU: CPUs per workspace when neither request nor agent type says."""
 
-    default_memory: str = Field("4G", validation_alias=AliasChoices("WORKSPACE_DEFAULT_MEMORY", "CORRAL_DEFAULT_MEMORY"))
+    default_memory: str = Field(
+        "4G", validation_alias=AliasChoices("WORKSPACE_DEFAULT_MEMORY", "CORRAL_DEFAULT_MEMORY")
+    )
     """WORKSPACE_DEFAULT_MEMORY: memory per workspace, e.g. ``4G``."""
 
     default_disk: str = Field("10G", validation_alias=AliasChoices("WORKSPACE_DEFAULT_DISK", "CORRAL_DEFAULT_DISK"))

@@ -42,7 +42,9 @@ async def runc(docker_engine: DockerEngine) -> AsyncIterator[DockerProvider]:
     await provider.aclose()
 
 
-async def test_gvisor_workspace_layout_limits_and_hardening(gvisor: GVisorProvider, docker_engine: DockerEngine) -> None:
+async def test_gvisor_workspace_layout_limits_and_hardening(
+    gvisor: GVisorProvider, docker_engine: DockerEngine
+) -> None:
     """A default gVisor workspace runs under runsc with 2 CPUs, 4 GiB, its labelled volume and the hardening flags."""
     spec = _spec()
     await gvisor.create(spec)
@@ -116,7 +118,9 @@ async def test_plain_docker_logs_a_security_warning(runc: DockerProvider, caplog
     assert any("isolation is" in r.message and "reduced" in r.message for r in caplog.records)
 
 
-async def test_missing_image_is_a_clear_error_and_never_pulled(gvisor: GVisorProvider, docker_engine: DockerEngine) -> None:
+async def test_missing_image_is_a_clear_error_and_never_pulled(
+    gvisor: GVisorProvider, docker_engine: DockerEngine
+) -> None:
     """An image that is not on the host is refused with a message naming it; nothing is left behind."""
     spec = WorkspaceSpec(id=f"t{uuid.uuid4().hex[:15]}", image="corral/does-not-exist:1")
     with pytest.raises(InvalidRequestError, match="corral/does-not-exist:1"):

@@ -51,7 +51,9 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = await Store.open(settings.sqlalchemy_url())
-        built = providers if providers is not None else {n: build_provider(n, settings) for n in settings.provider_names()}
+        built = (
+            providers if providers is not None else {n: build_provider(n, settings) for n in settings.provider_names()}
+        )
         monitor = HealthMonitor(built, settings.health_interval_s)
         service = WorkspaceService(settings, store, built, monitor)
         app.state.service = service

@@ -56,7 +56,7 @@ async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> Wo
 @router.get("")
 async def list_workspaces(service: ServiceDep) -> dict[str, list[WorkspaceModel]]:
     """Every workspace that is not destroyed."""
-    return {"workspaces": [WorkspaceModel.of(r) for r in await service.list()]}
+    return {"workspaces": [WorkspaceModel.of(r) for r in await service.list_workspaces()]}
 
 
 @router.get("/{workspace_id}")
@@ -147,9 +147,7 @@ async def write_file(
 
 
 @router.delete("/{workspace_id}/files", status_code=204)
-async def delete_file(
-    workspace_id: str, path: PathQuery, service: ServiceDep, recursive: bool = False
-) -> Response:
+async def delete_file(workspace_id: str, path: PathQuery, service: ServiceDep, recursive: bool = False) -> Response:
     """Delete a file, or a directory (non-empty ones with ``recursive=true``)."""
     await service.delete(workspace_id, path, recursive=recursive)
     return Response(status_code=204)

@@ -1,8 +1,9 @@
 """The in-sandbox agent: one long-lived process per workspace that serves exec and file operations.
 
 It runs INSIDE the sandbox (a gVisor or runc container, or a Firecracker VM), so it uses the standard library only
-and must run on the Python of the base image (3.11, Debian bookworm). The host starts it once (``docker exec -i`` or the VM's init, reached over vsock)
-and then speaks frames over the agent's stdin/stdout, many requests at once, each tagged with an ``id``:
+and must run on the Python of the base image (3.11, Debian bookworm). The host starts it once (``docker exec -i``,
+or the VM's init, reached over vsock) and then speaks frames over the agent's stdin/stdout, many requests at once,
+each tagged with an ``id``:
 
     frame := u32 header_len | header (UTF-8 JSON object) | u32 payload_len | payload (raw bytes)
 
@@ -21,6 +22,9 @@ Every exec runs in its own session (process group) so a deadline kills the comma
 Diagnostics go to stderr, which the host logs; stdout carries frames only.
 """
 
+from __future__ import annotations
+
+import contextlib
 import errno
 import glob as globlib
 import json
@@ -30,25 +34,30 @@ import shutil
 import signal
 import stat as statlib
 import struct
-import sys
+import subprocess
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 PROTOCOL_VERSION = 1
 CHUNK = 256 * 1024
 _LEN = struct.Struct(">I")
 
+Header = dict[str, Any]  # a frame header: a JSON object
+Handler = Callable[[Header], Header | None]  # an ``op_*`` method
+
 
 # --- framing (imported by the host-side client too) ----------------------------------------------------------------
 
 
-def encode_frame(header, payload=b""):
+def encode_frame(header: Header, payload: bytes = b"") -> bytes:
     """Serialise one frame: header dict and raw payload bytes."""
     head = json.dumps(header, separators=(",", ":")).encode()
     return b"".join((_LEN.pack(len(head)), head, _LEN.pack(len(payload)), payload))
 
 
-def _read_exact(stream, n):
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
         chunk = stream.read(n - len(buf))
@@ -58,13 +67,15 @@ def _read_exact(stream, n):
     return bytes(buf)
 
 
-def read_frame(stream):
+def read_frame(stream: BinaryIO) -> tuple[Header, bytes] | None:
     """Read one frame from a blocking binary stream; None at end of stream."""
     raw = _read_exact(stream, 4)
     if raw is None:
         return None
     head = _read_exact(stream, _LEN.unpack(raw)[0])
-    raw = _read_exact(stream, 4) if head is not None else None
+    if head is None:
+        return None
+    raw = _read_exact(stream, 4)
     if raw is None:
         return None
     payload = _read_exact(stream, _LEN.unpack(raw)[0])
@@ -77,19 +88,19 @@ def read_frame(stream):
 
 
 class Agent:
-    def __init__(self, inp, out):
+    def __init__(self, inp: BinaryIO, out: BinaryIO) -> None:
         self.inp = inp
         self.out = out
         self.out_lock = threading.Lock()
-        self.procs = {}  # exec id -> Popen, for kill
-        self.writes = {}  # write id -> open file
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # exec id -> Popen, for kill
+        self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.base_env = dict(os.environ)
         self.base_env.setdefault("HOME", "/root")
         self.base_env.setdefault("LANG", "C.UTF-8")
         self.base_env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 
     # output -------------------------------------------------------------------------------------------------------
-    def send(self, header, payload=b""):
+    def send(self, header: Header, payload: bytes = b"") -> None:
         frame = encode_frame(header, payload)
         with self.out_lock:
             try:
@@ -98,15 +109,15 @@ class Agent:
             except (BrokenPipeError, ValueError):
                 os._exit(0)  # the host went away; nothing left to serve
 
-    def result(self, rid, value):
+    def result(self, rid: int, value: Header) -> None:
         self.send({"id": rid, "ev": "result", "result": value})
 
-    def error(self, rid, exc):
+    def error(self, rid: int, exc: BaseException) -> None:
         kind, message = describe_error(exc)
         self.send({"id": rid, "ev": "error", "kind": kind, "message": message})
 
     # main loop ----------------------------------------------------------------------------------------------------
-    def serve(self):
+    def serve(self) -> None:
         self.send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid()})
         while True:
             frame = read_frame(self.inp)
@@ -120,7 +131,7 @@ class Agent:
         for proc in list(self.procs.values()):
             kill_group(proc)
 
-    def dispatch(self, h, payload):
+    def dispatch(self, h: Header, payload: bytes) -> None:
         op, rid = h.get("op"), h.get("id", 0)
         if op == "data":  # a chunk of an open write: written inline, so writes stay ordered
             f = self.writes.get(rid)
@@ -158,14 +169,14 @@ class Agent:
             return
         handler = getattr(self, "op_" + str(op), None)
         if handler is None:
-            self.send({"id": rid, "ev": "error", "kind": "invalid", "message": "unknown operation %r" % op})
+            self.send({"id": rid, "ev": "error", "kind": "invalid", "message": f"unknown operation {op!r}"})
             return
         if op in ("exec", "read", "glob", "usage"):
             threading.Thread(target=self.guarded, args=(handler, rid, h), daemon=True).start()
         else:
             self.result(rid, handler(h))
 
-    def guarded(self, handler, rid, h):
+    def guarded(self, handler: Handler, rid: int, h: Header) -> None:
         try:
             value = handler(h)
             if value is not None:
@@ -174,18 +185,16 @@ class Agent:
             self.error(rid, exc)
 
     # operations ---------------------------------------------------------------------------------------------------
-    def op_ping(self, h):
+    def op_ping(self, h: Header) -> Header:
         return {"pid": os.getpid(), "version": PROTOCOL_VERSION}
 
-    def op_exec(self, h):
-        import subprocess
-
+    def op_exec(self, h: Header) -> None:
         rid = h["id"]
         env = dict(self.base_env)
         env.update(h.get("env") or {})
         started = time.monotonic()
         timeout = h.get("timeout_s")
-        deadline = started + timeout if timeout else None
+        deadline: float | None = started + timeout if timeout else None
         try:
             proc = subprocess.Popen(
                 h["argv"],
@@ -199,20 +208,23 @@ class Agent:
         except FileNotFoundError as exc:
             # Same convention as a shell: a missing program or cwd is exit 127 with the reason on stderr.
             what = h.get("cwd") if exc.filename == h.get("cwd") else h["argv"][0]
-            self.send({"id": rid, "ev": "out", "fd": 2}, ("%s: not found\n" % what).encode())
+            self.send({"id": rid, "ev": "out", "fd": 2}, f"{what}: not found\n".encode())
             self.send({"id": rid, "ev": "exit", "code": 127, "timed_out": False, "duration_ms": 0.0})
-            return None
+            return
         except PermissionError:
-            self.send({"id": rid, "ev": "out", "fd": 2}, ("%s: permission denied\n" % h["argv"][0]).encode())
+            self.send({"id": rid, "ev": "out", "fd": 2}, f"{h['argv'][0]}: permission denied\n".encode())
             self.send({"id": rid, "ev": "exit", "code": 126, "timed_out": False, "duration_ms": 0.0})
-            return None
+            return
         self.procs[rid] = proc
         timed_out = False
-        fds = {proc.stdout.fileno(): 1, proc.stderr.fileno(): 2}
+        stdout, stderr = proc.stdout, proc.stderr
+        assert stdout is not None  # both are PIPE
+        assert stderr is not None
+        fds = {stdout.fileno(): 1, stderr.fileno(): 2}
         poller = select.poll()
         for fd in fds:
             poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
-        exited_at = None
+        exited_at: float | None = None
         try:
             while fds:
                 now = time.monotonic()
@@ -237,8 +249,8 @@ class Agent:
             code = proc.wait()
         finally:
             self.procs.pop(rid, None)
-            proc.stdout.close()
-            proc.stderr.close()
+            stdout.close()
+            stderr.close()
         if timed_out:
             kill_group(proc)  # children that outlived the leader
         self.send(
@@ -250,9 +262,9 @@ class Agent:
                 "duration_ms": (time.monotonic() - started) * 1000,
             }
         )
-        return None
+        return
 
-    def op_read(self, h):
+    def op_read(self, h: Header) -> None:
         rid = h["id"]
         with open(h["path"], "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -263,15 +275,15 @@ class Agent:
                     break
                 self.send({"id": rid, "ev": "data"}, chunk)
         self.send({"id": rid, "ev": "end"})
-        return None
+        return
 
-    def op_stat(self, h):
+    def op_stat(self, h: Header) -> Header:
         return file_info(h["path"])
 
-    def op_list(self, h):
+    def op_list(self, h: Header) -> Header:
         path = h["path"]
         names = sorted(os.listdir(path))
-        out = []
+        out: list[Header] = []
         for name in names:
             try:
                 out.append(file_info(os.path.join(path, name)))
@@ -279,7 +291,7 @@ class Agent:
                 continue  # removed while we listed
         return {"entries": out}
 
-    def op_delete(self, h):
+    def op_delete(self, h: Header) -> Header:
         path = h["path"]
         st = os.lstat(path)
         if statlib.S_ISDIR(st.st_mode):
@@ -291,29 +303,29 @@ class Agent:
             os.unlink(path)
         return {}
 
-    def op_move(self, h):
+    def op_move(self, h: Header) -> Header:
         parent = os.path.dirname(h["dst"])
         if parent:
             os.makedirs(parent, exist_ok=True)
         os.rename(h["src"], h["dst"])
         return {}
 
-    def op_chmod(self, h):
+    def op_chmod(self, h: Header) -> Header:
         os.chmod(h["path"], h["mode"])
         return {}
 
-    def op_mkdir(self, h):
+    def op_mkdir(self, h: Header) -> Header:
         os.makedirs(h["path"], exist_ok=h.get("exist_ok", True))
         return {}
 
-    def op_realpath(self, h):
+    def op_realpath(self, h: Header) -> Header:
         return {"path": os.path.realpath(h["path"])}
 
-    def op_glob(self, h):
+    def op_glob(self, h: Header) -> Header:
         root, pattern, limit = h.get("root") or "/workspace", h["pattern"], h.get("limit") or 10000
         if not os.path.isdir(root):
             raise FileNotFoundError(errno.ENOENT, "no such directory", root)
-        paths = []
+        paths: list[str] = []
         for rel in globlib.iglob(pattern, root_dir=root, recursive=True, include_hidden=h.get("hidden", False)):
             paths.append(os.path.normpath(os.path.join(root, rel)))
             if len(paths) > limit:
@@ -321,18 +333,16 @@ class Agent:
         paths.sort()
         return {"paths": paths[:limit], "truncated": len(paths) > limit}
 
-    def op_usage(self, h):
+    def op_usage(self, h: Header) -> Header:
         total = 0
         for dirpath, dirnames, filenames in os.walk(h["path"]):
             for name in dirnames + filenames:
-                try:
+                with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-                except OSError:
-                    pass
         return {"bytes": total}
 
 
-def file_info(path):
+def file_info(path: str) -> Header:
     st = os.lstat(path)
     mode = st.st_mode
     if statlib.S_ISREG(mode):
@@ -354,11 +364,9 @@ def file_info(path):
     }
 
 
-def kill_group(proc):
-    try:
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 _ERRNO_KINDS = {
@@ -374,18 +382,18 @@ _ERRNO_KINDS = {
 }
 
 
-def describe_error(exc):
+def describe_error(exc: BaseException) -> tuple[str, str | None]:
     if isinstance(exc, OSError) and exc.errno in _ERRNO_KINDS:
         where = exc.filename if exc.filename is not None else ""
-        return _ERRNO_KINDS[exc.errno], "%s: %s" % (where, exc.strerror) if where else exc.strerror
+        return _ERRNO_KINDS[exc.errno], f"{where}: {exc.strerror}" if where else exc.strerror
     if isinstance(exc, (KeyError, TypeError, ValueError)):
-        return "invalid", "bad request: %s: %s" % (type(exc).__name__, exc)
+        return "invalid", f"bad request: {type(exc).__name__}: {exc}"
     if isinstance(exc, OSError):
-        return "os", "%s: %s" % (exc.filename, exc.strerror) if exc.filename else str(exc)
-    return "os", "%s: %s" % (type(exc).__name__, exc)
+        return "os", f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc)
+    return "os", f"{type(exc).__name__}: {exc}"
 
 
-def main():
+def main() -> None:
     # stdout carries frames only; anything the agent prints by mistake goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 import struct
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import Any, Protocol
 
 from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
@@ -27,7 +27,7 @@ _LEN = struct.Struct(">I")
 _WRITE_CHUNK = 256 * 1024
 
 
-class GuestConnectionLost(ConnectionError):  # noqa: N818 - "lost" reads better than "LostError" at raise sites
+class GuestConnectionLost(ConnectionError):
     """The stream to the agent ended; every request in flight fails with this."""
 
 
@@ -145,7 +145,7 @@ class GuestConnection:
 
     async def exec(
         self, argv: list[str], *, cwd: str, env: dict[str, str], timeout_s: float | None
-    ) -> AsyncIterator[Frame]:
+    ) -> AsyncGenerator[Frame]:
         """Start a command; yields ``out`` frames and finally the ``exit`` frame. Closing early kills it."""
         rid, queue = self._open()
         finished = False

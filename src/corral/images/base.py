@@ -65,6 +65,7 @@ def build_base_image(
     want = recipe_hash()
     if if_missing and _current_recipe(tag) == want:
         return False
+    previous = _image_id(tag)
     with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
         progress(f"building root filesystem ({SUITE}, {len(BASE_PACKAGES)} packages) with mmdebstrap")
@@ -75,16 +76,26 @@ def build_base_image(
         progress(f"importing {rootfs.stat().st_size // 2**20} MiB root filesystem as {tag}")
         changes = [*IMAGE_CHANGES, f"LABEL {RECIPE_LABEL}={want}"]
         _run(["docker", "import", *(arg for c in changes for arg in ("--change", c)), str(rootfs), tag], progress)
+    if previous is not None and previous != _image_id(tag):
+        # The old image lost its tag; remove it unless a container still uses it.
+        subprocess.run(["docker", "image", "rm", previous], capture_output=True, check=False)
     progress(f"built {tag}")
     return True
+
+
+def _image_id(tag: str) -> str | None:
+    proc = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", tag], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
 def _run(argv: list[str], progress: Callable[[str], None]) -> None:
     tail: list[str] = []
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip()
+        for raw in proc.stdout:
+            line = raw.rstrip()
             tail = [*tail[-19:], line]
             if line.startswith(("I: ", "E: ", "W: ")) or "sha256:" in line:
                 progress(f"  {line}")

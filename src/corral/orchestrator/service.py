@@ -41,7 +41,7 @@ from corral.providers.base import (
     WorkspaceProvider,
     WorkspaceSpec,
 )
-from corral.providers.registry import KNOWN_PROVIDERS
+from corral.providers.registry import PROVIDER_NAMES
 from corral.settings import Settings
 from corral.store import ProviderAttempt, Store, WorkspaceRecord
 
@@ -83,7 +83,11 @@ class WorkspaceService:
     def default_limits(self) -> ResourceLimits:
         """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""
         return ResourceLimits.parse(
-            {"cpu": self.settings.default_cpu, "memory": self.settings.default_memory, "disk": self.settings.default_disk}
+            {
+                "cpu": self.settings.default_cpu,
+                "memory": self.settings.default_memory,
+                "disk": self.settings.default_disk,
+            }
         )
 
     def selection_inputs(self) -> SelectionInputs:
@@ -98,8 +102,8 @@ class WorkspaceService:
     def plan(self, requested: str, container_type: str) -> tuple[list[str], list[tuple[str, str]]]:
         """The providers to try in order, and those skipped up front with their reason."""
         if requested != "auto":
-            if requested not in KNOWN_PROVIDERS and requested not in self.providers:
-                allowed = ["auto", *sorted(set(KNOWN_PROVIDERS) | set(self.providers))]
+            if requested not in PROVIDER_NAMES and requested not in self.providers:
+                allowed = ["auto", *sorted(set(PROVIDER_NAMES) | set(self.providers))]
                 raise ProviderNotFoundError(
                     f"unknown provider {requested!r}; allowed: {', '.join(allowed)}",
                     details={"provider": requested, "allowed": allowed},
@@ -168,8 +172,13 @@ class WorkspaceService:
                 reason = exc.reason if isinstance(exc, ProviderUnavailableError) else exc.message
                 attempts.append((name, reason))
                 if request.provider == "auto" and index + 1 < len(try_order):
-                    log.warning("workspace %s: %s failed (%s); falling back to %s", workspace_id, name, reason,
-                                try_order[index + 1])
+                    log.warning(
+                        "workspace %s: %s failed (%s); falling back to %s",
+                        workspace_id,
+                        name,
+                        reason,
+                        try_order[index + 1],
+                    )
                 continue
             warnings = []
             if name == "docker":
@@ -205,7 +214,7 @@ class WorkspaceService:
             raise SandboxNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
         return record
 
-    async def list(self) -> list[WorkspaceRecord]:
+    async def list_workspaces(self) -> list[WorkspaceRecord]:
         """Every workspace that is not destroyed, oldest first."""
         return await self.store.workspaces.list()
 
@@ -328,7 +337,9 @@ class WorkspaceService:
     async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
         """Change permission bits inside /workspace."""
         if not 0 <= mode <= 0o7777:
-            raise InvalidRequestError(f"mode: {mode:o} is not a permission mode (0 to 7777 octal)", details={"field": "mode"})
+            raise InvalidRequestError(
+                f"mode: {mode:o} is not a permission mode (0 to 7777 octal)", details={"field": "mode"}
+            )
         provider = await self.provider_of(workspace_id)
         await provider.chmod(workspace_id, await confine(provider, workspace_id, path), mode)
 

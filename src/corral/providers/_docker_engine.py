@@ -274,7 +274,7 @@ class DockerEngine:
                 text = rest.decode(errors="replace")
                 with contextlib.suppress(ValueError):
                     text = json.loads(text[text.index("{") :]).get("message", text)
-                raise DockerAPIError(status, f"exec start failed: {text.strip() or status_line.decode().strip()}")
+                raise DockerAPIError(status, f"exec start failed: {text.strip() or status_line.decode().strip()}")  # noqa: TRY301 - the except below must close the socket
         except BaseException:
             writer.close()
             raise

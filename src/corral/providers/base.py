@@ -98,7 +98,9 @@ def parse_size(value: object, *, field_name: str) -> int:
         raise InvalidRequestError(f"{field_name}: {value!r} is not {SIZE_FORMAT_HELP}", details={"field": field_name})
     size = int(number * _SIZE_UNITS[unit])
     if size <= 0:
-        raise InvalidRequestError(f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name})
+        raise InvalidRequestError(
+            f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name}
+        )
     return size
 
 
@@ -116,7 +118,9 @@ def parse_cpu(value: object, *, field_name: str = "cpu") -> float:
     if cpus is None or not math.isfinite(cpus):
         raise InvalidRequestError(f"{field_name}: {value!r} is not {CPU_FORMAT_HELP}", details={"field": field_name})
     if cpus <= 0:
-        raise InvalidRequestError(f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name})
+        raise InvalidRequestError(
+            f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name}
+        )
     return cpus
 
 
@@ -397,7 +401,9 @@ class WorkspaceProvider(Protocol):
     async def stat(self, workspace_id: str, path: str) -> FileInfo:
         """Information about one path, without following a final symlink."""
 
-    async def glob(self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000) -> list[str]:
+    async def glob(
+        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+    ) -> list[str]:
         """Absolute paths under ``root`` matching ``pattern`` (``**`` matches any depth), sorted, at most ``limit``."""
 
     async def realpath(self, workspace_id: str, path: str) -> str:

@@ -24,7 +24,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from importlib import resources
 from typing import Any
 
@@ -87,8 +87,7 @@ def container_name(workspace_id: str) -> str:
 # workspace, any image with python3 works, and the process list shows one short line. -I ignores the environment
 # and user site; -S skips `site` for a faster start.
 AGENT_BOOT = (
-    "import sys;n=int(sys.stdin.buffer.readline());"
-    "exec(compile(sys.stdin.buffer.read(n),'corral-agent','exec'))"
+    "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),'corral-agent','exec'))"
 )
 AGENT_COMMAND = ["python3", "-I", "-S", "-c", AGENT_BOOT]
 
@@ -307,7 +306,9 @@ class DockerProvider:
                     workspace_id = (event.get("Actor", {}).get("Attributes") or {}).get(LABEL_ID)
                     conn = self._agents.pop(workspace_id, None) if workspace_id else None
                     if conn is not None:
-                        log.info("workspace %s: container %s; closing its agent stream", workspace_id, event.get("Action"))
+                        log.info(
+                            "workspace %s: container %s; closing its agent stream", workspace_id, event.get("Action")
+                        )
                         await conn.aclose()
             except DockerAPIError as exc:
                 log.warning("%s: docker event stream failed (%s); retrying", self.name, exc)
@@ -367,7 +368,9 @@ class DockerProvider:
         """Yield output as the agent forwards it; the agent kills the process group at the deadline."""
         request.validate()
         conn = await self._agent(workspace_id)
-        frames = conn.exec(request.argv(), cwd=request.cwd, env=dict(request.env), timeout_s=request.timeout_s)
+        frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
+            request.argv(), cwd=request.cwd, env=dict(request.env), timeout_s=request.timeout_s
+        )
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s + EXEC_GRACE_S
         try:
             while True:
@@ -431,7 +434,9 @@ class DockerProvider:
 
     async def move(self, workspace_id: str, src: str, dst: str) -> None:
         """Rename, creating the destination's parents."""
-        await self._with_agent(workspace_id, "move", src=check_path(src, field_name="src"), dst=check_path(dst, field_name="dst"))
+        await self._with_agent(
+            workspace_id, "move", src=check_path(src, field_name="src"), dst=check_path(dst, field_name="dst")
+        )
 
     async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
         """Set permission bits."""
@@ -441,7 +446,9 @@ class DockerProvider:
         """lstat of one path."""
         return _file_info(await self._with_agent(workspace_id, "stat", path=check_path(path)))
 
-    async def glob(self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000) -> list[str]:
+    async def glob(
+        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+    ) -> list[str]:
         """Matching absolute paths, sorted."""
         if not pattern or "\x00" in pattern:
             raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
@@ -526,7 +533,7 @@ class DockerProvider:
             return ProviderUnavailableError(self.name, f"gVisor runtime not available: {message}")
         if exc.status == 404 and workspace_id is not None:
             return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-        if "range of cpus" in message.lower() or "memory" in message.lower() and exc.status == 400:
+        if "range of cpus" in message.lower() or ("memory" in message.lower() and exc.status == 400):
             return ResourceLimitError(f"{self.name}: {message}")
         return ProviderUnavailableError(self.name, message)
 

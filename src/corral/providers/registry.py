@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from corral.providers.base import WorkspaceProvider
     from corral.settings import Settings
 
-__all__ = ["KNOWN_PROVIDERS", "ProviderEntry", "build_provider"]
+__all__ = ["KNOWN_PROVIDERS", "PROVIDER_NAMES", "ProviderEntry", "build_provider"]
+
+PROVIDER_NAMES = ("docker", "e2b", "fake", "firecracker", "gvisor", "http")
+"""Every provider name of the public contract (DESIGN.md), implemented here or not."""
 
 
 @dataclass(frozen=True, slots=True)
