@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     disk_warn_ratio: float = 0.9
     """CORRAL_DISK_WARN_RATIO: where disk limits are only monitored, warn once usage passes this share."""
 
+    disk_check_interval_s: float = 60.0
+    """CORRAL_DISK_CHECK_INTERVAL_S: seconds between disk-usage checks where limits are only monitored."""
+
     health_interval_s: float = 30.0
     """CORRAL_HEALTH_INTERVAL_S: seconds between provider health checks."""
 

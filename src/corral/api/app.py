@@ -17,6 +17,7 @@ from corral import __version__
 from corral.api import workspaces
 from corral.api.deps import require_token
 from corral.api.errors import install_error_handlers
+from corral.orchestrator.disk import DiskWatcher
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.service import WorkspaceService
 from corral.providers.base import WorkspaceProvider
@@ -56,11 +57,15 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         )
         monitor = HealthMonitor(built, settings.health_interval_s)
         service = WorkspaceService(settings, store, built, monitor)
+        disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
         app.state.service = service
+        app.state.disk_watcher = disk
         await monitor.start()
+        await disk.start()
         try:
             yield
         finally:
+            await disk.stop()
             await monitor.stop()
             await service.aclose()
             await store.close()

@@ -33,6 +33,7 @@ from corral.errors import InvalidRequestError
 __all__ = [
     "WORKSPACE_ROOT",
     "Capabilities",
+    "DiskUsageReporter",
     "ExecExit",
     "ExecMode",
     "ExecOutput",
@@ -417,3 +418,11 @@ class WorkspaceProvider(Protocol):
 
     async def aclose(self) -> None:
         """Release connections and background tasks. Workspaces are left as they are."""
+
+
+@runtime_checkable
+class DiskUsageReporter(Protocol):
+    """Optional sub-interface of providers whose disk limit is monitored rather than enforced."""
+
+    async def disk_usage(self, workspace_id: str) -> int:
+        """Bytes used under /workspace."""

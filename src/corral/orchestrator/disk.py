@@ -1,0 +1,82 @@
+"""Watching disk use where the runtime cannot enforce the limit (Docker's local volume driver on ext4/overlay2).
+
+Every ``interval_s`` the watcher asks each ready workspace's provider how much ``/workspace`` holds; past
+``warn_ratio`` of the workspace's disk limit it logs a warning and records it on the workspace (once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from corral.errors import CorralError
+from corral.orchestrator.service import WorkspaceService
+from corral.providers.base import DiskUsageReporter, ResourceLimits, format_size
+
+__all__ = ["DiskWatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class DiskWatcher:
+    """Periodic disk-usage checks with a warning near the limit."""
+
+    def __init__(self, service: WorkspaceService, *, interval_s: float, warn_ratio: float) -> None:
+        self.service = service
+        self.interval_s = interval_s
+        self.warn_ratio = warn_ratio
+        self._task: asyncio.Task[None] | None = None
+
+    async def check_all(self) -> list[str]:
+        """Check every ready workspace now; returns the ids that got a new warning."""
+        warned = []
+        for record in await self.service.store.workspaces.list(status="ready"):
+            provider = self.service.providers.get(record.provider or "")
+            if not isinstance(provider, DiskUsageReporter) or record.pool_key is not None:
+                continue
+            try:
+                used = await provider.disk_usage(record.id)
+            except CorralError as exc:
+                log.debug("disk check of %s skipped: %s", record.id, exc)
+                continue
+            limit = ResourceLimits.parse(record.resource_limits).disk_bytes
+            if used < self.warn_ratio * limit:
+                continue
+            warning = (
+                f"disk usage {format_size_approx(used)} is at {used / limit:.0%} of the {format_size(limit)} limit; "
+                "this runtime monitors the limit but cannot enforce it"
+            )
+            if any(w.startswith("disk usage") for w in record.warnings):
+                continue
+            log.warning("workspace %s: %s", record.id, warning)
+            await self.service.store.workspaces.add_warnings(record.id, warning)
+            warned.append(record.id)
+        return warned
+
+    async def start(self) -> None:
+        """Check in the background every interval."""
+        self._task = asyncio.create_task(self._loop(), name="corral-disk-watcher")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # the watcher must outlive any single failure
+                log.exception("disk check failed")
+
+    async def stop(self) -> None:
+        """Stop the background checks."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def format_size_approx(size: int) -> str:
+    """``123456789 -> "117.7M"``."""
+    for unit, factor in (("G", 1024**3), ("M", 1024**2), ("K", 1024)):
+        if size >= factor:
+            return f"{size / factor:.1f}{unit}"
+    return f"{size}B"
