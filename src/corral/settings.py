@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy.engine import make_url
 
 __all__ = ["Settings"]
 
@@ -29,7 +31,7 @@ class Settings(BaseSettings):
     deployment_mode: Literal["self-hosted", "managed"] = "self-hosted"
     """CORRAL_DEPLOYMENT_MODE: decides what ``provider: "auto"`` prefers (seed 000)."""
 
-    providers: str = "gvisor,docker"
+    providers: str = "firecracker,gvisor,docker"
     """CORRAL_PROVIDERS: comma-separated providers to configure. ``fake`` is for tests only."""
 
     allow_docker_fallback: bool = True
@@ -45,6 +47,15 @@ class Settings(BaseSettings):
     gvisor_net_runtime: str = "runsc-net"
     """CORRAL_GVISOR_NET_RUNTIME: the dockerd runtime for networked gVisor workspaces (runsc with --network=host,
     inside Docker's per-container network namespace)."""
+
+    firecracker_bin: str = "firecracker"
+    """CORRAL_FIRECRACKER_BIN: the firecracker binary (looked up on PATH unless absolute)."""
+
+    firecracker_kernel: str | None = None
+    """CORRAL_FIRECRACKER_KERNEL: the guest kernel (vmlinux) microVMs boot."""
+
+    firecracker_rootfs: str | None = None
+    """CORRAL_FIRECRACKER_ROOTFS: the base ext4 root filesystem of microVMs."""
 
     base_image: str = "corral/workspace:base"
     """CORRAL_BASE_IMAGE: the image workspaces start from unless a request names another."""
@@ -75,6 +86,27 @@ class Settings(BaseSettings):
     health_interval_s: float = 30.0
     """CORRAL_HEALTH_INTERVAL_S: seconds between provider health checks."""
 
+    warm_pool_size: int = Field(2, ge=0, le=100)
+    """CORRAL_WARM_POOL_SIZE: warm workspaces kept for the default pool (default provider, image and limits, isolated
+    network). 0 turns the default pool off."""
+
+    warm_pools: str = "[]"
+    """CORRAL_WARM_POOLS: extra pools as JSON, e.g. ``[{"provider": "gvisor", "size": 2, "network": "default",
+    "resource_limits": {"cpu": "1", "memory": "1G"}, "image": "corral/workspace:base"}]``."""
+
+    warm_pool_drain_on_shutdown: bool = True
+    """CORRAL_WARM_POOL_DRAIN_ON_SHUTDOWN: destroy warm workspaces on a clean shutdown (after a crash they are
+    adopted back at the next start instead)."""
+
+    workspace_ttl_s: float = Field(0.0, ge=0)
+    """CORRAL_WORKSPACE_TTL_S: destroy workspaces this many seconds after creation; 0 = never (default)."""
+
+    idle_timeout_s: float = Field(0.0, ge=0)
+    """CORRAL_IDLE_TIMEOUT_S: destroy workspaces unused (no exec or file call) this long; 0 = never (default)."""
+
+    reaper_interval_s: float = Field(60.0, gt=0)
+    """CORRAL_REAPER_INTERVAL_S: seconds between reaper sweeps when a TTL or idle timeout is set."""
+
     e2b_api_key: str | None = Field(None, validation_alias=AliasChoices("E2B_API_KEY", "CORRAL_E2B_API_KEY"))
     """E2B_API_KEY: enables the e2b provider."""
 
@@ -87,6 +119,15 @@ class Settings(BaseSettings):
             if url.startswith(prefix):
                 return "postgresql+asyncpg://" + url.removeprefix(prefix)
         return url
+
+    def owner_id(self) -> str:
+        """The label value marking runtime objects as this installation's (``corral.owner``).
+
+        Derived from the database location (password left out), so every server sharing one database shares one
+        owner, and a test server with its own SQLite file never touches another server's workspaces.
+        """
+        url = make_url(self.sqlalchemy_url())
+        return hashlib.sha256(url.render_as_string(hide_password=True).encode()).hexdigest()[:16]
 
     def provider_names(self) -> list[str]:
         """The configured providers, in the order given."""

@@ -57,7 +57,8 @@ def start_server(data_dir: Path, env: dict[str, str] | None = None) -> Server:
         **os.environ,
         "CORRAL_DATA_DIR": str(data_dir),
         "CORRAL_API_TOKEN": TOKEN,
-        "CORRAL_PROVIDERS": "gvisor,docker",
+        "CORRAL_PROVIDERS": "firecracker,gvisor,docker",
+        "CORRAL_WARM_POOL_SIZE": "0",
         **(env or {}),
     }
     with log_path.open("wb") as log:

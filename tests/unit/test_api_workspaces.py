@@ -25,7 +25,7 @@ def providers() -> dict[str, FakeProvider]:
 
 @pytest.fixture
 async def client(tmp_path: Path, providers: dict[str, FakeProvider]) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor,docker")
+    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor,docker", warm_pool_size=0)
     app = create_app(settings, providers=dict(providers))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -19,6 +19,9 @@ from corral.api.deps import require_token
 from corral.api.errors import install_error_handlers
 from corral.orchestrator.disk import DiskWatcher
 from corral.orchestrator.health import HealthMonitor
+from corral.orchestrator.pool import WarmPools, pool_specs
+from corral.orchestrator.reaper import Reaper
+from corral.orchestrator.reconcile import reconcile
 from corral.orchestrator.service import WorkspaceService
 from corral.providers.base import WorkspaceProvider
 from corral.providers.registry import build_provider
@@ -57,14 +60,27 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         )
         monitor = HealthMonitor(built, settings.health_interval_s)
         service = WorkspaceService(settings, store, built, monitor)
+        await monitor.check_all()
+        pools = WarmPools(service, pool_specs(settings, service))
+        await reconcile(service, pool_keys=pools.keys)
+        service.pools = pools
         disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
+        reaper = Reaper(
+            service,
+            ttl_s=settings.workspace_ttl_s,
+            idle_s=settings.idle_timeout_s,
+            interval_s=settings.reaper_interval_s,
+        )
         app.state.service = service
-        app.state.disk_watcher = disk
         await monitor.start()
         await disk.start()
+        await reaper.start()
+        pools.start()
         try:
             yield
         finally:
+            await pools.close(drain=settings.warm_pool_drain_on_shutdown)
+            await reaper.stop()
             await disk.stop()
             await monitor.stop()
             await service.aclose()

@@ -36,6 +36,14 @@ async def list_providers(service: ServiceDep) -> dict[str, Any]:
     return {"providers": await service.provider_status()}
 
 
+@router.get("/pool")
+async def pool_status(service: ServiceDep) -> dict[str, Any]:
+    """Each warm pool: provider, image, target and current size, hits and misses (with reasons)."""
+    if service.pools is None:
+        return {"pools": [], "unpooled_misses": {}}
+    return {"pools": await service.pools.status(), "unpooled_misses": service.pools.unpooled_misses()}
+
+
 @router.post("", status_code=201)
 async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> WorkspaceModel:
     """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back."""

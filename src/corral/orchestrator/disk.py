@@ -30,9 +30,9 @@ class DiskWatcher:
 
     async def check_all(self) -> list[str]:
         """Check every ready workspace now; returns the ids that got a new warning."""
-        warned = []
+        warned: list[str] = []
         for record in await self.service.store.workspaces.list(status="ready"):
-            provider = self.service.providers.get(record.provider or "")
+            provider: object = self.service.providers.get(record.provider or "")
             if not isinstance(provider, DiskUsageReporter) or record.pool_key is not None:
                 continue
             try:

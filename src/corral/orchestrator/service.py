@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from corral.errors import (
 )
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.paths import confine
+from corral.orchestrator.pool import WarmPools
 from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.providers.base import (
     WORKSPACE_ROOT,
@@ -77,6 +79,8 @@ class WorkspaceService:
         self.providers = dict(providers)
         self.health = health
         self._live: dict[str, tuple[str, str]] = {}  # id -> (provider, status), for the hot paths
+        self._last_used: dict[str, float] = {}  # id -> time.time() of the last exec or file call
+        self.pools: WarmPools | None = None
 
     # --- defaults and selection -----------------------------------------------------------------------------------
 
@@ -143,8 +147,21 @@ class WorkspaceService:
                 details={"field": "container_type"},
             )
         try_order, skipped = self.plan(request.provider, request.container_type)
-        workspace_id = uuid.uuid4().hex[:16]
         image = request.base_image or self.settings.base_image
+        if self.pools is not None and try_order:
+            warm = await self.pools.acquire(try_order[0], image, request.limits, request.network)
+            if warm is not None:
+                record = await self.store.workspaces.update(
+                    warm.id,
+                    requested_provider=request.provider,
+                    container_type=request.container_type,
+                    metadata=request.metadata,
+                    provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
+                    warnings=self._provider_warnings(try_order[0]),
+                )
+                self._live[record.id] = (try_order[0], "ready")
+                return record
+        workspace_id = uuid.uuid4().hex[:16]
         await self.store.workspaces.create(
             id=workspace_id,
             requested_provider=request.provider,
@@ -180,15 +197,12 @@ class WorkspaceService:
                         try_order[index + 1],
                     )
                 continue
-            warnings = []
-            if name == "docker":
-                warnings.append("isolation is reduced: plain Docker (runc) shares the host kernel")
             record = await self.store.workspaces.update(
                 workspace_id,
                 status="ready",
                 provider=name,
                 provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
-                warnings=warnings,
+                warnings=self._provider_warnings(name),
             )
             self._live[workspace_id] = (name, "ready")
             return record
@@ -203,6 +217,12 @@ class WorkspaceService:
             raise ProviderUnavailableError(name, reason, details={"workspace_id": workspace_id})
         raise AllProvidersFailedError(attempts)
 
+    @staticmethod
+    def _provider_warnings(provider: str) -> list[str]:
+        if provider == "docker":
+            return ["isolation is reduced: plain Docker (runc) shares the host kernel"]
+        return []
+
     async def get(self, workspace_id: str) -> WorkspaceRecord:
         """The record, destroyed ones included.
 
@@ -215,8 +235,26 @@ class WorkspaceService:
         return record
 
     async def list_workspaces(self) -> list[WorkspaceRecord]:
-        """Every workspace that is not destroyed, oldest first."""
-        return await self.store.workspaces.list()
+        """Every workspace that is not destroyed and not waiting in a warm pool, oldest first."""
+        return [r for r in await self.store.workspaces.list() if r.pool_key is None]
+
+    async def discard(self, workspace_id: str) -> None:
+        """Destroy runtime objects and mark the record destroyed, whatever its state (pool, error, creating)."""
+        record = await self.get(workspace_id)
+        provider = self.providers.get(record.provider or "")
+        if provider is not None:
+            try:
+                await provider.destroy(workspace_id)
+            except CorralError as exc:
+                log.warning("could not remove runtime objects of %s: %s", workspace_id, exc.message)
+        self._live.pop(workspace_id, None)
+        self._last_used.pop(workspace_id, None)
+        if record.status != "destroyed":
+            await self.store.workspaces.update(workspace_id, status="destroyed")
+
+    def last_used(self, workspace_id: str) -> float | None:
+        """``time.time()`` of the workspace's last exec or file call in this process, if any."""
+        return self._last_used.get(workspace_id)
 
     async def destroy(self, workspace_id: str) -> WorkspaceRecord:
         """Remove the runtime objects and mark the record destroyed. Destroying twice is fine."""
@@ -226,6 +264,7 @@ class WorkspaceService:
         if record.provider is not None and record.provider in self.providers:
             await self.providers[record.provider].destroy(workspace_id)
         self._live.pop(workspace_id, None)
+        self._last_used.pop(workspace_id, None)
         return await self.store.workspaces.update(workspace_id, status="destroyed")
 
     async def stop(self, workspace_id: str) -> WorkspaceRecord:
@@ -250,6 +289,7 @@ class WorkspaceService:
 
     async def provider_of(self, workspace_id: str) -> WorkspaceProvider:
         """The provider of a ready workspace (fast path: no database access once cached)."""
+        self._last_used[workspace_id] = time.time()
         live = self._live.get(workspace_id)
         if live is not None and live[1] == "ready":
             return self.providers[live[0]]

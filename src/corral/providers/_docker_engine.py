@@ -171,9 +171,9 @@ class DockerEngine:
             if exc.status != 404:
                 raise
 
-    async def list_volumes(self, label: str) -> list[dict[str, Any]]:
-        """Volumes carrying ``label`` (``key`` or ``key=value``)."""
-        result = await self.request("GET", "/volumes", params={"filters": json.dumps({"label": [label]})})
+    async def list_volumes(self, labels: list[str]) -> list[dict[str, Any]]:
+        """Volumes carrying every one of ``labels`` (``key`` or ``key=value``)."""
+        result = await self.request("GET", "/volumes", params={"filters": json.dumps({"label": labels})})
         volumes: list[dict[str, Any]] = (result or {}).get("Volumes") or []
         return volumes
 
@@ -209,9 +209,9 @@ class DockerEngine:
                 return  # a concurrent destroy got there first
             raise
 
-    async def list_containers(self, label: str) -> list[dict[str, Any]]:
-        """Containers (running or not) carrying ``label``."""
-        params = {"all": "true", "filters": json.dumps({"label": [label]})}
+    async def list_containers(self, labels: list[str]) -> list[dict[str, Any]]:
+        """Containers (running or not) carrying every one of ``labels``."""
+        params = {"all": "true", "filters": json.dumps({"label": labels})}
         result: list[dict[str, Any]] = await self.request("GET", "/containers/json", params=params)
         return result
 

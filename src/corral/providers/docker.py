@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 LABEL_ID = "corral.workspace.id"
 LABEL_PROVIDER = "corral.provider"
 LABEL_SPEC = "corral.spec"
+LABEL_OWNER = "corral.owner"
 
 # What a development workspace needs: file ownership and permissions (package managers, git), signals to its own
 # processes, and switching users (su, sudo-less tools that drop privileges). Everything else (NET_RAW, MKNOD,
@@ -110,14 +111,17 @@ class DockerProvider:
         *,
         pids_limit: int = 1024,
         output_limit: int = 16 * 1024 * 1024,
+        owner: str | None = None,
     ) -> None:
         self.engine = engine
+        self.owner = owner
         self.pids_limit = pids_limit
         self.output_limit = output_limit
         self._agents: dict[str, GuestConnection] = {}
         self._agent_locks: dict[str, asyncio.Lock] = {}
         self._startup_ms: float | None = None
         self._events_task: asyncio.Task[None] | None = None
+        self._warmups: dict[str, asyncio.Task[None]] = {}
         self._agent_source = _agent_source()
 
     # --- what differs between runc and runsc -------------------------------------------------------------------
@@ -152,7 +156,7 @@ class DockerProvider:
                 details={"field": "base_image", "image": spec.image},
             )
         self.on_create(spec)
-        labels = {LABEL_ID: spec.id, LABEL_PROVIDER: self.name}
+        labels = self._labels(spec.id)
         try:
             await self._call(self.engine.create_volume(volume_name(spec.id), {**labels, LABEL_SPEC: _spec_json(spec)}))
             await self._start_container(spec)
@@ -164,7 +168,8 @@ class DockerProvider:
         self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
         # Start the agent in the background, so the first exec usually finds it ready.
         task = asyncio.create_task(self._connect_quietly(spec.id), name=f"agent-warmup-{spec.id}")
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        self._warmups[spec.id] = task
+        task.add_done_callback(lambda _: self._warmups.pop(spec.id, None))
 
     async def _start_container(self, spec: WorkspaceSpec) -> None:
         config = self._container_config(spec)
@@ -185,7 +190,7 @@ class DockerProvider:
             "WorkingDir": WORKSPACE_ROOT,
             "Hostname": "workspace",
             "Env": [f"{k}={v}" for k, v in spec.env.items()],
-            "Labels": {LABEL_ID: spec.id, LABEL_PROVIDER: self.name, **dict(spec.labels)},
+            "Labels": {**dict(spec.labels), **self._labels(spec.id)},
             "NetworkDisabled": spec.network == "isolated",
             "HostConfig": {
                 "Runtime": self.runtime_for(spec.network),
@@ -204,6 +209,12 @@ class DockerProvider:
                 "RestartPolicy": {"Name": "no"},
             },
         }
+
+    def _labels(self, workspace_id: str) -> dict[str, str]:
+        labels = {LABEL_ID: workspace_id, LABEL_PROVIDER: self.name}
+        if self.owner is not None:
+            labels[LABEL_OWNER] = self.owner
+        return labels
 
     async def destroy(self, workspace_id: str) -> None:
         """Remove container and volume. Idempotent."""
@@ -245,10 +256,12 @@ class DockerProvider:
         return SandboxState.STOPPED if info is not None else SandboxState.MISSING
 
     async def list_workspaces(self) -> list[str]:
-        """Ids of every workspace with a volume or a container of this provider."""
-        label = f"{LABEL_PROVIDER}={self.name}"
-        volumes = await self._call(self.engine.list_volumes(label))
-        containers = await self._call(self.engine.list_containers(label))
+        """Ids of every workspace with a volume or a container of this provider (and this owner, if set)."""
+        labels = [f"{LABEL_PROVIDER}={self.name}"]
+        if self.owner is not None:
+            labels.append(f"{LABEL_OWNER}={self.owner}")
+        volumes = await self._call(self.engine.list_volumes(labels))
+        containers = await self._call(self.engine.list_containers(labels))
         ids = {v["Labels"][LABEL_ID] for v in volumes if LABEL_ID in (v.get("Labels") or {})}
         ids |= {c["Labels"][LABEL_ID] for c in containers if LABEL_ID in (c.get("Labels") or {})}
         return sorted(ids)
@@ -285,6 +298,9 @@ class DockerProvider:
                 await conn.aclose()
                 await self._require_running(workspace_id)
                 raise ProviderUnavailableError(self.name, f"the workspace agent did not start: {exc}") from exc
+            except BaseException:  # cancelled (destroy, shutdown): never leave the stream open
+                await asyncio.shield(conn.aclose())
+                raise
             self._agents[workspace_id] = conn
             self._ensure_event_watch()
             return conn
@@ -315,6 +331,11 @@ class DockerProvider:
                 await asyncio.sleep(1.0)
 
     async def _drop_agent(self, workspace_id: str) -> None:
+        warmup = self._warmups.pop(workspace_id, None)
+        if warmup is not None:
+            warmup.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await warmup
         conn = self._agents.pop(workspace_id, None)
         self._agent_locks.pop(workspace_id, None)
         if conn is not None:
@@ -509,7 +530,7 @@ class DockerProvider:
 
     async def aclose(self) -> None:
         """Close agent streams and the engine client; containers keep running."""
-        for workspace_id in list(self._agents):
+        for workspace_id in {*self._agents, *self._warmups}:
             await self._drop_agent(workspace_id)
         if self._events_task is not None:
             self._events_task.cancel()

@@ -17,6 +17,7 @@ def docker(settings: Settings) -> DockerProvider:
         DockerEngine.from_url(settings.docker_host),
         pids_limit=settings.pids_limit,
         output_limit=settings.exec_output_limit,
+        owner=settings.owner_id(),
     )
 
 
@@ -28,6 +29,7 @@ def gvisor(settings: Settings) -> GVisorProvider:
         net_runtime=settings.gvisor_net_runtime,
         pids_limit=settings.pids_limit,
         output_limit=settings.exec_output_limit,
+        owner=settings.owner_id(),
     )
 
 

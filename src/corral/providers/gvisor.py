@@ -39,8 +39,9 @@ class GVisorProvider(DockerProvider):
         net_runtime: str = "runsc-net",
         pids_limit: int = 1024,
         output_limit: int = 16 * 1024 * 1024,
+        owner: str | None = None,
     ) -> None:
-        super().__init__(engine, pids_limit=pids_limit, output_limit=output_limit)
+        super().__init__(engine, pids_limit=pids_limit, output_limit=output_limit, owner=owner)
         self.runtime = runtime
         self.net_runtime = net_runtime
         self._runtimes_checked_at = float("-inf")

@@ -36,6 +36,7 @@ KNOWN_PROVIDERS: dict[str, ProviderEntry] = {
     "docker": ProviderEntry("corral.providers.factories", "docker"),
     "gvisor": ProviderEntry("corral.providers.factories", "gvisor"),
     "fake": ProviderEntry("corral.providers.factories", "fake"),
+    "firecracker": ProviderEntry("corral.providers.firecracker", "from_settings"),
 }
 
 

@@ -373,6 +373,8 @@ class WorkspaceRepository:
         *,
         status: WorkspaceStatus | Unset = UNSET,
         provider: str | Unset | None = UNSET,
+        requested_provider: str | Unset = UNSET,
+        container_type: str | Unset = UNSET,
         resource_limits: Mapping[str, str] | Unset = UNSET,
         base_image: str | Unset = UNSET,
         metadata: Mapping[str, Any] | Unset = UNSET,
@@ -396,6 +398,8 @@ class WorkspaceRepository:
             {
                 WorkspaceRow.status: status,
                 WorkspaceRow.provider: provider,
+                WorkspaceRow.requested_provider: requested_provider,
+                WorkspaceRow.container_type: container_type,
                 WorkspaceRow.resource_limits: _plain(resource_limits),
                 WorkspaceRow.base_image: base_image,
                 WorkspaceRow.metadata_: _plain(metadata),

@@ -1,0 +1,291 @@
+"""Warm pools: ready workspaces created ahead of requests, handed out in milliseconds (seed 000).
+
+A pool is keyed by everything that shapes a workspace: provider, image, limits and network. A warm workspace is an
+ordinary workspace record with ``pool_key`` set; handing it out is one atomic claim in the store
+(:meth:`~corral.store.WorkspaceRepository.claim_from_pool`), so concurrent requests never share one and a server
+restart finds its pool in the database. A request gets a warm workspace only when the provider that selection
+chooses for it and the rest of the key match; otherwise it cold-starts and the miss is logged with its reason.
+Every assignment triggers a background refill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from corral.errors import CorralError, InvalidRequestError
+from corral.providers.base import ResourceLimits, SandboxState, WorkspaceSpec
+from corral.store import WorkspaceRecord
+
+if TYPE_CHECKING:
+    from corral.orchestrator.service import WorkspaceService
+    from corral.settings import Settings
+
+__all__ = ["PoolSpec", "WarmPools", "pool_specs"]
+
+log = logging.getLogger(__name__)
+FILL_CONCURRENCY = 2
+RETRY_AFTER_FAILURE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSpec:
+    """One pool: the shape of its workspaces and how many to keep ready."""
+
+    provider: str
+    image: str
+    limits: ResourceLimits
+    network: str
+    size: int
+
+    @property
+    def key(self) -> str:
+        """The pool key stored on warm workspace records."""
+        return pool_key(self.provider, self.image, self.limits, self.network)
+
+
+def pool_key(provider: str, image: str, limits: ResourceLimits, network: str) -> str:
+    """``gvisor|corral/workspace:base|2|4G|10G|isolated``."""
+    shape = limits.to_json()
+    return "|".join((provider, image, shape["cpu"], shape["memory"], shape["disk"], network))
+
+
+def pool_specs(settings: Settings, service: WorkspaceService) -> list[PoolSpec]:
+    """The default pool (the provider auto selection picks now for an agent workspace) and CORRAL_WARM_POOLS.
+
+    Raises:
+        InvalidRequestError: CORRAL_WARM_POOLS is not a JSON list of valid pool objects.
+    """
+    defaults = service.default_limits()
+    specs = []
+    try_order, _ = service.plan("auto", "agent_workspace")
+    if settings.warm_pool_size > 0 and try_order:
+        specs.append(PoolSpec(try_order[0], settings.base_image, defaults, "isolated", settings.warm_pool_size))
+    elif settings.warm_pool_size > 0:
+        log.warning("no healthy provider for the default warm pool; it stays empty")
+    try:
+        extra = json.loads(settings.warm_pools)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"CORRAL_WARM_POOLS: not valid JSON: {exc}") from exc
+    if not isinstance(extra, list):
+        raise InvalidRequestError("CORRAL_WARM_POOLS: must be a JSON list of pool objects")
+    allowed = {"provider", "image", "resource_limits", "network", "size"}
+    for index, raw in enumerate(extra):
+        where = f"CORRAL_WARM_POOLS[{index}]"
+        if not isinstance(raw, dict) or not set(raw) <= allowed or "provider" not in raw:
+            raise InvalidRequestError(f"{where}: needs 'provider' and may have {', '.join(sorted(allowed))}")
+        if raw["provider"] not in service.providers:
+            raise InvalidRequestError(f"{where}: provider {raw['provider']!r} is not configured")
+        network = raw.get("network", "isolated")
+        if network not in ("isolated", "default"):
+            raise InvalidRequestError(f"{where}: network must be 'isolated' or 'default'")
+        size = raw.get("size", 1)
+        if not isinstance(size, int) or not 0 <= size <= 100:
+            raise InvalidRequestError(f"{where}: size must be a whole number from 0 to 100")
+        limits = ResourceLimits.parse(raw.get("resource_limits"), defaults=defaults)
+        specs.append(PoolSpec(raw["provider"], raw.get("image", settings.base_image), limits, network, size))
+    return specs
+
+
+@dataclass
+class _PoolState:
+    spec: PoolSpec
+    hits: int = 0
+    misses: int = 0
+    miss_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    last_error: str | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class WarmPools:
+    """Fills, hands out and refills warm workspaces for a set of pool specs."""
+
+    def __init__(self, service: WorkspaceService, specs: list[PoolSpec]) -> None:
+        self.service = service
+        self._pools: dict[str, _PoolState] = {s.key: _PoolState(s) for s in specs if s.size > 0}
+        self._unpooled_misses: collections.Counter[str] = collections.Counter()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
+        self._closing = False
+
+    @property
+    def keys(self) -> list[str]:
+        """Every configured pool key."""
+        return list(self._pools)
+
+    # --- filling -------------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fill every pool in the background (the server answers while pools fill)."""
+        for key in self._pools:
+            self.schedule_refill(key)
+
+    def schedule_refill(self, key: str) -> None:
+        """Top the pool up in the background."""
+        if self._closing or key not in self._pools:
+            return
+        task = asyncio.create_task(self.refill(key), name=f"warm-pool-refill-{key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def refill(self, key: str) -> int:
+        """Create workspaces until the pool holds its target; returns how many were created."""
+        state = self._pools[key]
+        async with state.lock:
+            have = len(await self.service.store.workspaces.list(status=("creating", "ready"), pool_key=key))
+            missing = max(state.spec.size - have, 0)
+            if missing == 0:
+                return 0
+            results = await asyncio.gather(*(self._create_one(state) for _ in range(missing)))
+        created = sum(results)
+        if created < missing and not self._closing:
+            # The provider failed; try again later rather than spinning.
+            self._later(RETRY_AFTER_FAILURE_S, key)
+        return created
+
+    def _later(self, delay: float, key: str) -> None:
+        async def retry() -> None:
+            await asyncio.sleep(delay)
+            self.schedule_refill(key)
+
+        task = asyncio.create_task(retry(), name=f"warm-pool-retry-{key}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _create_one(self, state: _PoolState) -> bool:
+        spec = state.spec
+        provider = self.service.providers.get(spec.provider)
+        if provider is None:
+            state.last_error = f"provider {spec.provider} is not configured"
+            return False
+        async with self._fill_slots:
+            if self._closing:
+                return False
+            record = await self.service.store.workspaces.create(
+                requested_provider=spec.provider,
+                container_type="agent_workspace",
+                resource_limits=spec.limits.to_json(),
+                network=spec.network,
+                base_image=spec.image,
+                provider=spec.provider,
+                pool_key=spec.key,
+            )
+            workspace_spec = WorkspaceSpec(
+                id=record.id,
+                image=spec.image,
+                limits=spec.limits,
+                network=spec.network,  # type: ignore[arg-type]  # validated when the pool was configured
+            )
+            try:
+                await provider.create(workspace_spec)
+            except CorralError as exc:
+                state.last_error = exc.message
+                log.warning("warm pool %s: could not create a workspace: %s", spec.key, exc.message)
+                await self.service.store.workspaces.update(record.id, status="destroyed", error=exc.message)
+                return False
+            await self.service.store.workspaces.update(record.id, status="ready")
+            state.last_error = None
+            return True
+
+    # --- handing out ---------------------------------------------------------------------------------------------
+
+    async def acquire(self, provider: str, image: str, limits: ResourceLimits, network: str) -> WorkspaceRecord | None:
+        """A warm workspace of exactly this shape from ``provider``'s pool, or None (the miss is logged)."""
+        key = pool_key(provider, image, limits, network)
+        state = self._pools.get(key)
+        if state is None:
+            self._record_unpooled_miss(provider, image, limits, network)
+            return None
+        while True:
+            record = await self.service.store.workspaces.claim_from_pool(key)
+            if record is None:
+                state.misses += 1
+                state.miss_reasons["pool empty"] += 1
+                log.info("warm pool miss (pool empty) for %s; cold start", key)
+                self.schedule_refill(key)
+                return None
+            self.schedule_refill(key)
+            if await self._alive(record):
+                state.hits += 1
+                return record
+            # It died while waiting (killed from outside); drop it and try the next one.
+            log.warning("warm workspace %s was not running; discarding it", record.id)
+            await self.service.discard(record.id)
+
+    async def _alive(self, record: WorkspaceRecord) -> bool:
+        provider = self.service.providers.get(record.provider or "")
+        if provider is None:
+            return False
+        try:
+            return await provider.state(record.id) is SandboxState.RUNNING
+        except CorralError:
+            return False
+
+    def _record_unpooled_miss(self, provider: str, image: str, limits: ResourceLimits, network: str) -> None:
+        """Count a miss on the pool it came closest to, with the reason, and log it."""
+        for state in self._pools.values():
+            spec = state.spec
+            if (spec.image, spec.limits, spec.network) == (image, limits, network):
+                reason = "provider mismatch"
+                detail = f"the pool holds {spec.provider} workspaces, selection chose {provider}"
+                break
+            if spec.provider == provider:
+                reason = "spec mismatch"
+                detail = "image, limits or network differ from the pool's"
+                break
+        else:
+            self._unpooled_misses["no pool configured"] += 1
+            log.info("warm pool miss (no pool configured for %s); cold start", provider)
+            return
+        state.misses += 1
+        state.miss_reasons[reason] += 1
+        log.info("warm pool miss (%s: %s); cold start with %s", reason, detail, provider)
+
+    # --- status and shutdown -------------------------------------------------------------------------------------
+
+    async def status(self) -> list[dict[str, Any]]:
+        """Per pool: provider, image, limits, network, target, current size, hits, misses and reasons."""
+        out = []
+        for key, state in self._pools.items():
+            ready = await self.service.store.workspaces.list(status="ready", pool_key=key)
+            creating = await self.service.store.workspaces.list(status="creating", pool_key=key)
+            spec = state.spec
+            out.append(
+                {
+                    "key": key,
+                    "provider": spec.provider,
+                    "image": spec.image,
+                    "resource_limits": spec.limits.to_json(),
+                    "network": spec.network,
+                    "target": spec.size,
+                    "size": len(ready),
+                    "creating": len(creating),
+                    "hits": state.hits,
+                    "misses": state.misses,
+                    "miss_reasons": dict(state.miss_reasons),
+                    "last_error": state.last_error,
+                }
+            )
+        return out
+
+    def unpooled_misses(self) -> dict[str, int]:
+        """Misses of requests no pool was configured for."""
+        return dict(self._unpooled_misses)
+
+    async def close(self, *, drain: bool) -> None:
+        """Stop refilling; with ``drain``, destroy every warm workspace (they are cheap to make again)."""
+        self._closing = True
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if drain:
+            for key in self._pools:
+                for record in await self.service.store.workspaces.list(status=("creating", "ready"), pool_key=key):
+                    await self.service.discard(record.id)
