@@ -123,3 +123,22 @@ def test_empty_and_nul_paths_are_refused(server: Server, path: str, needle: str)
     assert resp.status_code == 400, resp.text
     assert needle in resp.json()["error"]["message"]
     server.client.delete(f"{API}/{wid}")
+
+
+def test_auto_picks_gvisor_and_firecracker_says_why_not(server: Server) -> None:
+    """On a host without usable KVM, the providers endpoint shows firecracker unhealthy with the reason, and auto
+    selection picks gVisor."""
+    providers = {p["name"]: p for p in server.client.get(f"{API}/providers").json()["providers"]}
+    assert set(providers) == {"firecracker", "gvisor", "docker"}
+    firecracker = providers["firecracker"]
+    if firecracker["status"] == "healthy":
+        pytest.skip("this host can run Firecracker")
+    assert firecracker["error"].startswith("KVM not available: ")
+    assert firecracker["last_check"] is not None
+    assert providers["gvisor"]["status"] == "healthy"
+    assert providers["gvisor"]["capabilities"]["isolation"] == "gvisor"
+    assert "memory_bytes" in providers["gvisor"]["available_resources"]
+    ws = _create(server)
+    assert ws["provider"] == "gvisor"
+    assert [a["provider"] for a in ws["provider_attempts"]] == ["firecracker"]  # type: ignore[union-attr]
+    server.client.delete(f"{API}/{ws['id']}")
