@@ -15,7 +15,7 @@ die() { printf '[bootstrap] error: %s\n' "$*" >&2; exit 1; }
 command -v apt-get >/dev/null || die "needs a Debian or Ubuntu machine (apt-get not found)"
 
 # --- 1. Debian packages -------------------------------------------------------------------------------------------
-packages=(docker.io runsc mmdebstrap iptables iproute2 e2fsprogs git ca-certificates)
+packages=(docker.io runsc mmdebstrap iptables iproute2 e2fsprogs git ca-certificates gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -174,3 +174,16 @@ async def test_pids_limit_contains_a_fork_bomb(docker_engine: DockerEngine, prov
     finally:
         await provider.destroy(spec.id)
         await provider.aclose()
+
+
+async def test_ls_and_stat_work_under_gvisor(gvisor: GVisorProvider) -> None:
+    """coreutils' ls and stat work in gVisor workspaces (runsc 20221219 rejects their statx flag without the
+    image's shim)."""
+    spec = _spec()
+    await gvisor.create(spec)
+    result = await gvisor.exec(
+        spec.id, ExecRequest("touch /workspace/x && ls -l /workspace && stat -c %s /workspace/x")
+    )
+    assert result.exit_code == 0, result.stderr
+    assert " x\n" in result.stdout.decode()
+    assert result.stdout.decode().endswith("0\n")

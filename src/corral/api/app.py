@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import Depends, FastAPI
 
 from corral import __version__
+from corral.agents.sessions import AgentService
+from corral.api import agents as agents_api
 from corral.api import workspaces
 from corral.api.deps import require_token
 from corral.api.errors import install_error_handlers
@@ -72,6 +74,7 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             interval_s=settings.reaper_interval_s,
         )
         app.state.service = service
+        app.state.agents = agents = AgentService(service)
         await monitor.start()
         await disk.start()
         await reaper.start()
@@ -79,6 +82,7 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         try:
             yield
         finally:
+            await agents.aclose()
             await pools.close(drain=settings.warm_pool_drain_on_shutdown)
             await reaper.stop()
             await disk.stop()
@@ -96,4 +100,5 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         return {"status": "ok", "version": __version__}
 
     app.include_router(workspaces.router, dependencies=[Depends(require_token)])
+    app.include_router(agents_api.router, dependencies=[Depends(require_token)])
     return app

@@ -31,10 +31,27 @@ IMAGE_CHANGES = (
 )
 RECIPE_LABEL = "corral.image.recipe"
 
+# gVisor release 20221219 (Debian bookworm's runsc) rejects statx() calls carrying AT_NO_AUTOMOUNT with EINVAL, and
+# coreutils 9.1 passes that flag, so `ls` and `stat` fail on every path inside a gVisor workspace. This preloaded
+# shim drops the flag, which means nothing in a container without automount points. It is compiled on the host
+# (same glibc as the image) and listed in /etc/ld.so.preload; under runc it changes nothing.
+STATX_SHIM_SOURCE = r"""
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *buf) {
+    return (int)syscall(SYS_statx, dirfd, path, flags & ~AT_NO_AUTOMOUNT, mask, buf);
+}
+"""
+SHIM_PATH = "/usr/lib/corral/statx-shim.so"
+
 
 def recipe_hash() -> str:
     """A short hash of everything that decides the image's content."""
-    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES])
+    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, STATX_SHIM_SOURCE, SHIM_PATH])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
@@ -68,9 +85,25 @@ def build_base_image(
     previous = _image_id(tag)
     with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
+        shim = Path(tmp) / "statx-shim.so"
+        progress("compiling the statx shim for gVisor")
+        (Path(tmp) / "statx-shim.c").write_text(STATX_SHIM_SOURCE)
+        _run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(Path(tmp) / "statx-shim.c")], progress)
         progress(f"building root filesystem ({SUITE}, {len(BASE_PACKAGES)} packages) with mmdebstrap")
+        hooks = [
+            f'mkdir -p "$1{Path(SHIM_PATH).parent}"',
+            f"copy-in {shim} {Path(SHIM_PATH).parent}",
+            f'echo {SHIM_PATH} > "$1/etc/ld.so.preload"',
+        ]
         _run(
-            ["mmdebstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs)],
+            [
+                "mmdebstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                *(f"--customize-hook={hook}" for hook in hooks),
+                SUITE,
+                str(rootfs),
+            ],
             progress,
         )
         progress(f"importing {rootfs.stat().st_size // 2**20} MiB root filesystem as {tag}")

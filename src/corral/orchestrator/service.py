@@ -62,6 +62,8 @@ class CreateWorkspace:
     base_image: str | None = None
     network: str = "isolated"
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    exclude: frozenset[str] = frozenset()
+    """Providers auto selection must not use (a session's retry excludes the provider that just failed)."""
 
 
 class WorkspaceService:
@@ -147,6 +149,9 @@ class WorkspaceService:
                 details={"field": "container_type"},
             )
         try_order, skipped = self.plan(request.provider, request.container_type)
+        if request.provider == "auto" and request.exclude:
+            skipped += [(p, "excluded: it failed this request before") for p in try_order if p in request.exclude]
+            try_order = [p for p in try_order if p not in request.exclude]
         image = request.base_image or self.settings.base_image
         if self.pools is not None and try_order:
             warm = await self.pools.acquire(try_order[0], image, request.limits, request.network)

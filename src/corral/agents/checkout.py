@@ -1,0 +1,163 @@
+"""Checking a repository out into a workspace, with its credentials kept on the host.
+
+The clone runs on the host, never in the workspace: it works for workspaces without any network (the default
+``isolated`` mode), and credentials never enter the sandbox. A URL such as
+``https://x-access-token:SECRET@host/org/repo.git`` is split: git clones the clean URL and receives the secret as an
+``Authorization`` header through ``GIT_CONFIG_*`` environment variables, so it appears in no argument list, no
+``.git/config``, no reflog and no file. The finished checkout is streamed into the workspace as a tar archive and
+unpacked under ``/workspace``; ``origin`` points at the clean URL.
+
+Only http(s) is cloned (``GIT_ALLOW_PROTOCOL``), so a task cannot make the host run ``ext::`` commands or read local
+paths through ``file://``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
+
+from corral.errors import CorralError, ExecTimeoutError
+from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, WorkspaceProvider
+
+__all__ = ["CheckoutError", "RepoRef", "checkout", "split_credentials"]
+
+CLONE_TIMEOUT_S = 600.0
+_ARCHIVE = "/tmp/.corral-checkout.tar"  # noqa: S108 - a path inside the workspace's sandbox, not on the host
+
+
+class CheckoutError(CorralError):
+    """The repository could not be checked out; the message says why (bad URL, missing branch, auth)."""
+
+    code = "checkout_failed"
+    http_status = 422
+
+
+@dataclass(frozen=True, slots=True)
+class RepoRef:
+    """A repository and the branch to check out (None: the remote's default branch)."""
+
+    url: str
+    branch: str | None = None
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """``(url without user:password, "Basic ..." header value or None)``."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return clean, f"Basic {token}"
+
+
+def _git_env(home: str, auth_header: str | None) -> dict[str, str]:
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": home,  # no user config of the server's account leaks in
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ASKPASS": "/bin/false",
+        "GIT_ALLOW_PROTOCOL": "http:https",
+        "LC_ALL": "C",
+    }
+    if auth_header is not None:
+        env |= {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader"}
+        env["GIT_CONFIG_VALUE_0"] = f"Authorization: {auth_header}"
+    return env
+
+
+def _explain(stderr: str, clean_url: str, branch: str | None) -> str:
+    text = stderr.lower()
+    if branch and ("remote branch" in text and "not found" in text):
+        return f"branch {branch!r} does not exist in {clean_url}"
+    if "authentication failed" in text or "401" in text or "403" in text or "could not read username" in text:
+        return f"authentication to {clean_url} failed (check the credentials in the repository URL)"
+    if "not found" in text or "404" in text or "does not appear to be a git repository" in text:
+        return f"no git repository at {clean_url}"
+    if "could not resolve host" in text or "failed to connect" in text or "unable to access" in text:
+        return f"cannot reach {clean_url}: {stderr.strip().splitlines()[-1] if stderr.strip() else 'no answer'}"
+    last = stderr.strip().splitlines()[-1] if stderr.strip() else "git clone failed"
+    return f"cloning {clean_url} failed: {last}"
+
+
+async def _run(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    return proc.returncode or 0, err.decode(errors="replace")
+
+
+async def _tar_stream(directory: str) -> AsyncIterator[bytes]:
+    proc = await asyncio.create_subprocess_exec(
+        "tar", "-C", directory, "-cf", "-", ".", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    try:
+        while chunk := await proc.stdout.read(256 * 1024):
+            yield chunk
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await proc.wait()
+
+
+async def checkout(
+    provider: WorkspaceProvider, workspace_id: str, repo: RepoRef, *, timeout_s: float = CLONE_TIMEOUT_S
+) -> str:
+    """Clone ``repo`` on the host and unpack it into ``/workspace``; returns the checked-out commit.
+
+    Raises:
+        CheckoutError: a bad URL, a missing branch, failed authentication, or an unreachable host.
+    """
+    clean_url, auth = split_credentials(repo.url)
+    with tempfile.TemporaryDirectory(prefix="corral-clone-") as tmp:
+        target = os.path.join(tmp, "repo")
+        argv = ["git", "clone", "--quiet", "--no-recurse-submodules"]
+        if repo.branch:
+            argv += ["--branch", repo.branch]
+        argv += ["--", clean_url, target]
+        try:
+            code, stderr = await _run(argv, _git_env(tmp, auth), timeout_s)
+        except TimeoutError:
+            raise CheckoutError(f"cloning {clean_url} did not finish within {timeout_s:g} s") from None
+        if code != 0:
+            raise CheckoutError(_explain(stderr, clean_url, repo.branch), details={"url": clean_url})
+        code, head = await _capture(["git", "-C", target, "rev-parse", "HEAD"], _git_env(tmp, None))
+        await provider.write_file(workspace_id, _ARCHIVE, _tar_stream(target))
+    unpack = ExecRequest(
+        "tar", ("-xf", _ARCHIVE, "-C", WORKSPACE_ROOT, "--no-same-owner"), mode=ExecMode.ARGV, timeout_s=timeout_s
+    )
+    try:
+        result = await provider.exec(workspace_id, unpack)
+    except ExecTimeoutError:
+        raise CheckoutError(f"unpacking the checkout did not finish within {timeout_s:g} s") from None
+    finally:
+        with contextlib.suppress(CorralError):
+            await provider.delete(workspace_id, _ARCHIVE)
+    if result.exit_code != 0:
+        raise CheckoutError(f"unpacking the checkout failed: {result.stderr.decode(errors='replace').strip()}")
+    return head.strip()
+
+
+async def _capture(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()

@@ -1,0 +1,204 @@
+"""An agent type's workspace configuration (seed 001): what every session of that type starts with.
+
+``parse_workspace_config`` validates the API's JSON and reports every problem at once (one 400 that names each
+invalid tool with the valid list, each malformed limit, an unknown repo source, a fixed source without url...). A new
+agent type without configuration gets :data:`DISABLED` (``enabled = false``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from corral.errors import InvalidRequestError
+from corral.providers.base import ResourceLimits
+
+__all__ = [
+    "DISABLED",
+    "VALID_TOOLS",
+    "RepoSource",
+    "WorkspaceConfig",
+    "parse_workspace_config",
+    "validate_repo_url",
+]
+
+VALID_TOOLS = ("bash", "read", "write", "edit", "grep", "glob", "git")
+REPO_SOURCE_TYPES = ("task_context", "fixed", "none")
+DEFAULT_SETUP_TIMEOUT_S = 300.0
+_FIELDS = {
+    "enabled", "provider", "container_type", "repo_source", "tools", "resource_limits", "checkout_on_start",
+    "base_image", "setup_commands", "setup_timeout_s", "network",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RepoSource:
+    """Where the repository comes from: the task's context, a fixed URL, or nowhere."""
+
+    type: Literal["task_context", "fixed", "none"] = "none"
+    url: str | None = None
+    branch: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceConfig:
+    """A validated workspace configuration. ``resource_limits`` keeps the raw spelling; None means the defaults."""
+
+    enabled: bool = False
+    provider: str = "auto"
+    container_type: Literal["agent_workspace", "mcp_server"] = "agent_workspace"
+    repo_source: RepoSource = field(default_factory=RepoSource)
+    tools: tuple[str, ...] = VALID_TOOLS
+    resource_limits: Mapping[str, str] | None = None
+    checkout_on_start: bool = True
+    base_image: str | None = None
+    setup_commands: tuple[str, ...] = ()
+    setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S
+    network: Literal["isolated", "default"] = "isolated"
+
+    def to_json(self) -> dict[str, Any]:
+        """The API and storage spelling."""
+        return {
+            "enabled": self.enabled,
+            "provider": self.provider,
+            "container_type": self.container_type,
+            "repo_source": {
+                "type": self.repo_source.type,
+                "url": self.repo_source.url,
+                "branch": self.repo_source.branch,
+            },
+            "tools": list(self.tools),
+            "resource_limits": dict(self.resource_limits) if self.resource_limits is not None else None,
+            "checkout_on_start": self.checkout_on_start,
+            "base_image": self.base_image,
+            "setup_commands": list(self.setup_commands),
+            "setup_timeout_s": self.setup_timeout_s,
+            "network": self.network,
+        }
+
+
+DISABLED = WorkspaceConfig()
+
+
+def validate_repo_url(url: str, *, field_name: str) -> str | None:
+    """The problem with a repository URL, or None. Only http(s) is cloned (no ssh, file or ext:: transports)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{field_name}: {url!r} is not an http(s) repository URL (only http:// and https:// are cloned)"
+    return None
+
+
+def parse_workspace_config(raw: object, *, default_limits: ResourceLimits) -> WorkspaceConfig:
+    """Validate the workspace-config JSON; every problem is reported in one InvalidRequestError."""
+    if not isinstance(raw, Mapping):
+        raise InvalidRequestError("workspace config must be a JSON object")
+    problems: list[str] = []
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        problems.append(f"unknown field(s) {unknown}; allowed: {', '.join(sorted(_FIELDS))}")
+    for name in ("enabled", "checkout_on_start"):
+        if name in raw and not isinstance(raw[name], bool):
+            problems.append(f"{name}: must be true or false, got {raw[name]!r}")
+    tools = _parse_tools(raw.get("tools", list(VALID_TOOLS)), problems)
+    repo = _parse_repo_source(raw.get("repo_source"), problems)
+    limits = _parse_limits(raw.get("resource_limits"), default_limits, problems)
+    commands = raw.get("setup_commands", [])
+    if not isinstance(commands, list) or not all(isinstance(c, str) and c.strip() for c in commands):
+        problems.append("setup_commands: must be a list of non-empty command strings")
+        commands = []
+    timeout = raw.get("setup_timeout_s", DEFAULT_SETUP_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 86400:
+        problems.append(f"setup_timeout_s: must be a number of seconds between 0 and 86400, got {timeout!r}")
+        timeout = DEFAULT_SETUP_TIMEOUT_S
+    problems += _scalar_problems(raw)
+    if problems:
+        raise InvalidRequestError("invalid workspace config: " + "; ".join(problems), details={"problems": problems})
+    return WorkspaceConfig(
+        enabled=bool(raw.get("enabled", False)),
+        provider=str(raw.get("provider", "auto")),
+        container_type=raw.get("container_type", "agent_workspace"),
+        repo_source=repo,
+        tools=tools,
+        resource_limits=limits,
+        checkout_on_start=bool(raw.get("checkout_on_start", True)),
+        base_image=raw.get("base_image"),
+        setup_commands=tuple(commands),
+        setup_timeout_s=float(timeout),
+        network=raw.get("network", "isolated"),
+    )
+
+
+def _parse_tools(tools: object, problems: list[str]) -> tuple[str, ...]:
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        problems.append(f"tools: must be a list of tool names; valid tools: {', '.join(VALID_TOOLS)}")
+        return ()
+    invalid = [t for t in tools if t not in VALID_TOOLS]
+    if invalid:
+        problems.append(f"tools: invalid tool name(s) {invalid}; valid tools: {', '.join(VALID_TOOLS)}")
+    return tuple(dict.fromkeys(tools))
+
+
+def _parse_limits(limits: object, defaults: ResourceLimits, problems: list[str]) -> dict[str, str] | None:
+    if limits is None:
+        return None
+    if not isinstance(limits, Mapping):
+        problems.append('resource_limits: must be an object like {"cpu": "2", "memory": "4G", "disk": "10G"}')
+        return None
+    try:
+        ResourceLimits.parse(limits, defaults=defaults)
+    except InvalidRequestError as exc:
+        problems.extend(exc.details.get("problems", [exc.message]))
+    return {str(k): str(v) for k, v in limits.items()}
+
+
+def _scalar_problems(raw: Mapping[str, Any]) -> list[str]:
+    problems = []
+    provider = raw.get("provider", "auto")
+    if not isinstance(provider, str) or not provider:
+        problems.append('provider: must be a provider name or "auto"')
+    container_type = raw.get("container_type", "agent_workspace")
+    if container_type not in ("agent_workspace", "mcp_server"):
+        problems.append(f"container_type: {container_type!r} is not allowed; use 'agent_workspace' or 'mcp_server'")
+    network = raw.get("network", "isolated")
+    if network not in ("isolated", "default"):
+        problems.append(f"network: {network!r} is not allowed; use 'isolated' or 'default'")
+    base_image = raw.get("base_image")
+    if base_image is not None and (not isinstance(base_image, str) or not base_image.strip()):
+        problems.append("base_image: must be a non-empty image name or null")
+    return problems
+
+
+def _parse_repo_source(raw: object, problems: list[str]) -> RepoSource:
+    if raw is None:
+        return RepoSource()
+    if not isinstance(raw, Mapping):
+        problems.append('repo_source: must be an object like {"type": "task_context"}')
+        return RepoSource()
+    extra = sorted(set(raw) - {"type", "url", "branch"})
+    if extra:
+        problems.append(f"repo_source: unknown field(s) {extra}; allowed: type, url, branch")
+    kind = raw.get("type", "none")
+    if kind not in REPO_SOURCE_TYPES:
+        problems.append(f"repo_source.type: {kind!r} is not allowed; use one of {', '.join(REPO_SOURCE_TYPES)}")
+        return RepoSource()
+    url, branch = raw.get("url"), raw.get("branch")
+    if url is not None and not isinstance(url, str):
+        problems.append("repo_source.url: must be a string")
+        url = None
+    if branch is not None and (not isinstance(branch, str) or not branch.strip() or branch.startswith("-")):
+        problems.append(f"repo_source.branch: {branch!r} is not a branch name")
+        branch = None
+    if kind == "fixed" and not url:
+        problems.append("repo_source.url: a fixed repository source needs a url")
+    if url and (problem := validate_repo_url(url, field_name="repo_source.url")):
+        problems.append(problem)
+    return RepoSource(type=kind, url=url or None, branch=branch)
+
+
+def config_from_json(raw: Mapping[str, Any] | None) -> WorkspaceConfig:
+    """Rebuild a stored (already valid) config; an empty or missing one is :data:`DISABLED`."""
+    if not raw:
+        return DISABLED
+    return parse_workspace_config(raw, default_limits=ResourceLimits())

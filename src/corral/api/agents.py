@@ -1,0 +1,123 @@
+"""``/api/v1/agent-types`` and ``/api/v1/agent/sessions``: declared workspaces, sessions and their tools."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from corral.agents.checkout import split_credentials
+from corral.agents.config import config_from_json
+from corral.agents.sessions import AgentService, TaskContext
+from corral.store import AgentTypeRecord, SessionRecord
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["agents"])
+
+
+def _agents(request: Request) -> AgentService:
+    service: AgentService = request.app.state.agents
+    return service
+
+
+AgentsDep = Annotated[AgentService, Depends(_agents)]
+
+
+class CreateAgentTypeBody(BaseModel):
+    """``POST /api/v1/agent-types``."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    workspace: dict[str, Any] | None = None
+
+
+class TaskBody(BaseModel):
+    """The task given to a session; only its repository context matters to the workspace."""
+
+    model_config = ConfigDict(extra="allow")
+    context: dict[str, Any] | None = None
+
+
+class StartSessionBody(BaseModel):
+    """``POST /api/v1/agent/sessions``."""
+
+    model_config = ConfigDict(extra="forbid")
+    agent_type_id: str
+    task: TaskBody | None = None
+
+
+def agent_type_json(record: AgentTypeRecord) -> dict[str, Any]:
+    """``{id, name, workspace}``."""
+    return {"id": record.id, "name": record.name, "workspace": config_from_json(record.workspace_config).to_json()}
+
+
+def session_json(record: SessionRecord) -> dict[str, Any]:
+    """The session as the API shows it (the task's repository URL without its credentials)."""
+    task = dict(record.task_context or {})
+    if task.get("repository_url"):
+        task["repository_url"] = split_credentials(task["repository_url"])[0]
+    return {
+        "id": record.id,
+        "agent_type_id": record.agent_type_id,
+        "status": record.status,
+        "workspace_id": record.workspace_id,
+        "degraded": record.degraded,
+        "degraded_reason": record.degraded_reason,
+        "warnings": list(record.warnings),
+        "task": {"context": task},
+        "created_at": record.created_at.isoformat(),
+        "ended_at": record.ended_at.isoformat() if record.ended_at else None,
+    }
+
+
+@router.post("/api/v1/agent-types", status_code=201)
+async def create_agent_type(body: CreateAgentTypeBody, agents: AgentsDep) -> dict[str, Any]:
+    """Declare an agent type; without ``workspace`` it has ``enabled: false``."""
+    return agent_type_json(await agents.create_type(body.name, body.workspace))
+
+
+@router.get("/api/v1/agent-types")
+async def list_agent_types(agents: AgentsDep) -> dict[str, Any]:
+    """Every agent type."""
+    return {"agent_types": [agent_type_json(r) for r in await agents.store.agent_types.list()]}
+
+
+@router.get("/api/v1/agent-types/{agent_type_id}")
+async def get_agent_type(agent_type_id: str, agents: AgentsDep) -> dict[str, Any]:
+    """One agent type."""
+    return agent_type_json(await agents.get_type(agent_type_id))
+
+
+@router.get("/api/v1/agent-types/{agent_type_id}/workspace-config")
+async def get_workspace_config(agent_type_id: str, agents: AgentsDep) -> dict[str, Any]:
+    """The type's workspace configuration, every field included."""
+    return config_from_json((await agents.get_type(agent_type_id)).workspace_config).to_json()
+
+
+@router.put("/api/v1/agent-types/{agent_type_id}/workspace-config")
+async def put_workspace_config(
+    agent_type_id: str, agents: AgentsDep, body: Annotated[dict[str, Any], Body()]
+) -> dict[str, Any]:
+    """Validate and replace the configuration; sessions started afterwards use it, running ones keep theirs."""
+    return config_from_json((await agents.set_config(agent_type_id, body)).workspace_config).to_json()
+
+
+@router.post("/api/v1/agent/sessions", status_code=201)
+async def start_session(body: StartSessionBody, agents: AgentsDep) -> dict[str, Any]:
+    """Start a session; it is ``provisioning`` until its workspace is ready, then ``active``."""
+    task = TaskContext.parse(body.task.context if body.task is not None else None)
+    return session_json(await agents.start(body.agent_type_id, task))
+
+
+@router.get("/api/v1/agent/sessions/{session_id}")
+async def get_session(session_id: str, agents: AgentsDep) -> dict[str, Any]:
+    """One session with its status, workspace and warnings."""
+    return session_json(await agents.get(session_id))
+
+
+@router.delete("/api/v1/agent/sessions/{session_id}")
+async def end_session(session_id: str, agents: AgentsDep) -> dict[str, Any]:
+    """End the session and destroy its workspace."""
+    return session_json(await agents.end(session_id))
