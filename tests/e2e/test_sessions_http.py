@@ -301,3 +301,84 @@ def test_bad_session_input_is_a_named_4xx(server: Server) -> None:
         "repository_url" in bad.json()["error"]["message"] and "pull_request_number" in bad.json()["error"]["message"]
     )
     assert server.client.get(f"{SESSIONS}/nope").status_code == 404
+
+
+def _tool(server: Server, session_id: str, tool: str, **arguments: Any) -> Any:
+    return server.client.post(f"{SESSIONS}/{session_id}/tools/{tool}", json=arguments)
+
+
+def test_tools_work_on_the_checkout_and_land_in_the_audit_log(server: Server, git: GitServer) -> None:
+    """The agent's tools act on the checked-out repository: one shell per session, file tools, grep, glob, git;
+    every call, refused ones included, is in the audit log."""
+    type_id = _agent_type(
+        server,
+        {
+            "enabled": True,
+            "repo_source": {"type": "task_context"},
+            "tools": ["bash", "read", "edit", "grep", "glob", "git"],
+        },
+    )
+    session = _wait(server, _start(server, type_id, {"repository_url": git.url("app"), "branch": "feature/auth"})["id"])
+    sid = session["id"]
+    assert _tool(server, sid, "bash", command="mkdir -p pkg && cd pkg && export STAGE=two").json()["exit_code"] == 0
+    state = _tool(server, sid, "bash", command="pwd; echo $STAGE").json()
+    assert state["stdout"] == "/workspace/pkg\ntwo\n"
+    read = _tool(server, sid, "read", path="auth.py").json()
+    assert (read["content"], read["total_lines"]) == ("TOKEN_CHECK = True\n", 1)
+    assert _tool(server, sid, "edit", path="auth.py", old_string="True", new_string="False").json() == {
+        "replacements": 1
+    }
+    grep = _tool(server, sid, "grep", pattern="TOKEN_CHECK").json()
+    assert grep["matches"] == [{"path": "auth.py", "line_number": 1, "line": "TOKEN_CHECK = False"}]
+    assert _tool(server, sid, "glob", pattern="*.py").json()["paths"] == ["auth.py"]
+    diff = _tool(server, sid, "git", args=["diff", "--stat"]).json()
+    assert diff["exit_code"] == 0 and "auth.py" in diff["stdout"]
+    commit = _tool(server, sid, "git", args=["commit", "-am", "flip the check"]).json()
+    assert commit["exit_code"] == 0, commit
+    refused = _tool(server, sid, "write", path="new.txt", content="x")
+    assert refused.status_code == 403
+    assert refused.json()["error"]["message"] == "Tool 'write' is not enabled for this agent type"
+    escape = _tool(server, sid, "read", path="../etc/passwd")
+    assert escape.status_code == 400 and "outside /workspace" in escape.json()["error"]["message"]
+    hook = _tool(server, sid, "git", args=["-c", "core.hooksPath=/tmp", "status"])
+    assert hook.status_code == 400
+
+    entries = server.client.get(f"{SESSIONS}/{sid}/audit").json()["entries"]
+    assert [e["tool"] for e in entries] == [
+        "bash",
+        "bash",
+        "read",
+        "edit",
+        "grep",
+        "glob",
+        "git",
+        "git",
+        "write",
+        "read",
+        "git",
+    ]
+    assert [e["status"] for e in entries][-3:] == ["refused", "error", "error"]
+    assert entries[0]["arguments_summary"].startswith("mkdir -p pkg")
+    _end(server, sid)
+
+
+def test_tool_policy_errors(server: Server, git: GitServer) -> None:
+    """A tool outside the type's list is 403 with the seed's message; unknown tools 404; a type without a workspace
+    answers 404; a degraded session says why."""
+    limited = _wait(server, _start(server, _agent_type(server, {"enabled": True, "tools": ["read", "grep"]}))["id"])
+    resp = _tool(server, limited["id"], "bash", command="id")
+    assert resp.status_code == 403
+    assert resp.json()["error"]["message"] == "Tool 'bash' is not enabled for this agent type"
+    unknown = _tool(server, limited["id"], "ssh")
+    assert unknown.status_code == 404 and "valid tools" in unknown.json()["error"]["message"]
+
+    disabled = _start(server, _agent_type(server))
+    assert _tool(server, disabled["id"], "read", path="x").status_code == 404
+
+    broken_type = _agent_type(server, {"enabled": True, "repo_source": {"type": "task_context"}})
+    broken = _wait(server, _start(server, broken_type, {"repository_url": git.url("app"), "branch": "gone"})["id"])
+    degraded = _tool(server, broken["id"], "read", path="README.md")
+    assert degraded.status_code == 409
+    assert "branch 'gone' does not exist" in degraded.json()["error"]["message"]
+    for session in (limited, disabled, broken):
+        _end(server, session["id"])

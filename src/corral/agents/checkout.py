@@ -28,6 +28,7 @@ from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, Workspa
 __all__ = ["CheckoutError", "RepoRef", "checkout", "split_credentials"]
 
 CLONE_TIMEOUT_S = 600.0
+COMMIT_IDENTITY = {"user.name": "Corral Agent", "user.email": "agent@corral.invalid"}
 _ARCHIVE = "/tmp/.corral-checkout.tar"  # noqa: S108 - a path inside the workspace's sandbox, not on the host
 
 
@@ -141,6 +142,8 @@ async def checkout(
         if code != 0:
             raise CheckoutError(_explain(stderr, clean_url, repo.branch), details={"url": clean_url})
         code, head = await _capture(["git", "-C", target, "rev-parse", "HEAD"], _git_env(tmp, None))
+        for key, value in COMMIT_IDENTITY.items():  # so the agent can commit without setting an identity first
+            await _capture(["git", "-C", target, "config", key, value], _git_env(tmp, None))
         await provider.write_file(workspace_id, _ARCHIVE, _tar_stream(target))
     unpack = ExecRequest(
         "tar", ("-xf", _ARCHIVE, "-C", WORKSPACE_ROOT, "--no-same-owner"), mode=ExecMode.ARGV, timeout_s=timeout_s

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from corral.errors import InvalidRequestError
 from corral.providers.base import ResourceLimits
+from corral.tools.policy import VALID_TOOLS
 
 __all__ = [
     "DISABLED",
@@ -24,7 +25,6 @@ __all__ = [
     "validate_repo_url",
 ]
 
-VALID_TOOLS = ("bash", "read", "write", "edit", "grep", "glob", "git")
 REPO_SOURCE_TYPES = ("task_context", "fixed", "none")
 DEFAULT_SETUP_TIMEOUT_S = 300.0
 _FIELDS = {

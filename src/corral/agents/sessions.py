@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,8 @@ from corral.agents.config import WorkspaceConfig, config_from_json, parse_worksp
 from corral.errors import CorralError, ExecTimeoutError, InvalidRequestError, SandboxNotFoundError
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
-from corral.store import AgentTypeRecord, SessionRecord
+from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
+from corral.tools import Toolbox, ToolNotAllowedError, UnknownToolError, check_tool_allowed, summarize_arguments
 
 __all__ = ["AgentService", "TaskContext"]
 
@@ -84,6 +86,7 @@ class AgentService:
         self.workspaces = workspaces
         self.store = workspaces.store
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
 
     # --- agent types -------------------------------------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class AgentService:
     async def end(self, session_id: str) -> SessionRecord:
         """End the session and destroy its workspace (provisioning in flight is cancelled first)."""
         session = await self.get(session_id)
+        self._locks.pop(session_id, None)
         job = self._tasks.pop(session_id, None)
         if job is not None:
             job.cancel()
@@ -163,6 +167,54 @@ class AgentService:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(job)
         return await self.get(session_id)
+
+    async def call_tool(self, session_id: str, tool: str, arguments: object) -> dict[str, object]:
+        """Run one tool for the session under its agent type's policy; every call lands in the audit log."""
+        started = time.monotonic()
+        status = "error"
+        try:
+            toolbox = await self._toolbox(session_id, tool)
+            async with self._locks.setdefault(session_id, asyncio.Lock()):  # one shell per session: calls queue
+                result = await toolbox.call(tool, arguments)
+        except (ToolNotAllowedError, UnknownToolError, NoWorkspaceError):
+            status = "refused"
+            raise
+        else:
+            status = "ok"
+            return result
+        finally:
+            if await self.store.sessions.get(session_id) is not None:
+                await self.store.audit.append(
+                    session_id,
+                    tool=tool[:64],
+                    arguments_summary=summarize_arguments(tool, arguments),
+                    status=status,
+                    duration_ms=(time.monotonic() - started) * 1000,
+                )
+
+    async def _toolbox(self, session_id: str, tool: str) -> Toolbox:
+        session = await self.get(session_id)
+        config = config_from_json(session.workspace_config)
+        if not config.enabled:
+            raise NoWorkspaceError(
+                f"session {session_id}'s agent type has no workspace (workspace.enabled is false), so it has no tools"
+            )
+        check_tool_allowed(tool, config.tools)
+        if session.status == "ended":
+            raise SessionStateError(f"session {session_id} has ended")
+        if session.status == "provisioning":
+            raise SessionStateError(f"session {session_id} is still provisioning its workspace; retry shortly")
+        if session.degraded or session.workspace_id is None:
+            raise SessionDegradedError(
+                f"session {session_id} has no workspace: {session.degraded_reason or 'provisioning failed'}"
+            )
+        provider = await self.workspaces.provider_of(session.workspace_id)
+        return Toolbox(provider, session.workspace_id, session_id=session_id)
+
+    async def audit(self, session_id: str) -> list[AuditEntry]:
+        """The session's tool calls, oldest first."""
+        await self.get(session_id)
+        return await self.store.audit.list(session_id)
 
     async def aclose(self) -> None:
         """Cancel provisioning in flight (its workspaces are cleaned up by the cancelled task)."""
@@ -257,6 +309,27 @@ class SessionNotFoundError(CorralError, LookupError):
 
     code = "session_not_found"
     http_status = 404
+
+
+class NoWorkspaceError(CorralError):
+    """The session's agent type has no workspace, so there are no tools to call."""
+
+    code = "no_workspace"
+    http_status = 404
+
+
+class SessionStateError(CorralError):
+    """The session cannot take tool calls now (provisioning, ended)."""
+
+    code = "session_state_conflict"
+    http_status = 409
+
+
+class SessionDegradedError(CorralError):
+    """The session runs without its workspace (provisioning failed twice); the message says why."""
+
+    code = "session_degraded"
+    http_status = 409
 
 
 def _repository(config: WorkspaceConfig, task: TaskContext) -> RepoRef | None:

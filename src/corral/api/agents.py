@@ -121,3 +121,29 @@ async def get_session(session_id: str, agents: AgentsDep) -> dict[str, Any]:
 async def end_session(session_id: str, agents: AgentsDep) -> dict[str, Any]:
     """End the session and destroy its workspace."""
     return session_json(await agents.end(session_id))
+
+
+@router.post("/api/v1/agent/sessions/{session_id}/tools/{tool}")
+async def call_tool(
+    session_id: str, tool: str, agents: AgentsDep, body: Annotated[dict[str, Any] | None, Body()] = None
+) -> dict[str, Any]:
+    """Run one of the agent's tools (bash, read, write, edit, grep, glob, git) in the session's workspace."""
+    return dict(await agents.call_tool(session_id, tool, body or {}))
+
+
+@router.get("/api/v1/agent/sessions/{session_id}/audit")
+async def session_audit(session_id: str, agents: AgentsDep) -> dict[str, Any]:
+    """Every tool call of the session: when, which tool, a summary of the arguments, outcome and duration."""
+    entries = await agents.audit(session_id)
+    return {
+        "entries": [
+            {
+                "at": e.at.isoformat(),
+                "tool": e.tool,
+                "arguments_summary": e.arguments_summary,
+                "status": e.status,
+                "duration_ms": round(e.duration_ms, 3),
+            }
+            for e in entries
+        ]
+    }
