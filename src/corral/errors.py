@@ -91,7 +91,9 @@ class AllProvidersFailedError(ProviderUnavailableError):
     code = "all_providers_failed"
 
     def __init__(self, attempts: list[tuple[str, str]]) -> None:
-        listing = "; ".join(f"{name}: {reason}" for name, reason in attempts) or "no provider is configured"
+        listing = "; ".join(f"{name}: {reason}" for name, reason in attempts) or (
+            "no provider that auto selection may use is configured"
+        )
         CorralError.__init__(
             self,
             f"no provider could create the workspace ({listing})",

@@ -6,11 +6,10 @@ Every ``interval_s`` the watcher asks each ready workspace's provider how much `
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 
 from corral.errors import CorralError
+from corral.orchestrator._periodic import Periodic
 from corral.orchestrator.service import WorkspaceService
 from corral.providers.base import DiskUsageReporter, ResourceLimits, format_size
 
@@ -26,7 +25,7 @@ class DiskWatcher:
         self.service = service
         self.interval_s = interval_s
         self.warn_ratio = warn_ratio
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("corral-disk-watcher", interval_s, self.check_all)
 
     async def check_all(self) -> list[str]:
         """Check every ready workspace now; returns the ids that got a new warning."""
@@ -56,22 +55,11 @@ class DiskWatcher:
 
     async def start(self) -> None:
         """Check in the background every interval."""
-        self._task = asyncio.create_task(self._loop(), name="corral-disk-watcher")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.check_all()
-            except Exception:  # the watcher must outlive any single failure
-                log.exception("disk check failed")
+        self._periodic.start()
 
     async def stop(self) -> None:
-        """Stop the background checks."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop the background checks (a check in progress finishes first)."""
+        await self._periodic.stop()
 
 
 def format_size_approx(size: int) -> str:

@@ -7,11 +7,11 @@ logged warning and returns when a later check passes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from corral.orchestrator._periodic import Periodic
 from corral.providers.base import Health, WorkspaceProvider
 
 __all__ = ["HealthMonitor"]
@@ -27,7 +27,7 @@ class HealthMonitor:
         self._providers = providers
         self.interval_s = interval_s
         self._latest: dict[str, Health] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._periodic = Periodic("corral-health-monitor", interval_s, self.check_all)
 
     def latest(self, name: str) -> Health | None:
         """The cached result for one provider, or None before its first check."""
@@ -65,17 +65,8 @@ class HealthMonitor:
     async def start(self) -> None:
         """Run a first check now, then keep checking in the background."""
         await self.check_all()
-        self._task = asyncio.create_task(self._loop(), name="corral-health-monitor")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.check_all()
+        self._periodic.start()
 
     async def stop(self) -> None:
         """Stop the background checks."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._periodic.stop()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import json
 import logging
 from dataclasses import dataclass, field
@@ -74,22 +73,29 @@ def pool_specs(settings: Settings, service: WorkspaceService) -> list[PoolSpec]:
         raise InvalidRequestError(f"CORRAL_WARM_POOLS: not valid JSON: {exc}") from exc
     if not isinstance(extra, list):
         raise InvalidRequestError("CORRAL_WARM_POOLS: must be a JSON list of pool objects")
-    allowed = {"provider", "image", "resource_limits", "network", "size"}
-    for index, raw in enumerate(extra):
-        where = f"CORRAL_WARM_POOLS[{index}]"
-        if not isinstance(raw, dict) or not set(raw) <= allowed or "provider" not in raw:
-            raise InvalidRequestError(f"{where}: needs 'provider' and may have {', '.join(sorted(allowed))}")
-        if raw["provider"] not in service.providers:
-            raise InvalidRequestError(f"{where}: provider {raw['provider']!r} is not configured")
-        network = raw.get("network", "isolated")
-        if network not in ("isolated", "default"):
-            raise InvalidRequestError(f"{where}: network must be 'isolated' or 'default'")
-        size = raw.get("size", 1)
-        if not isinstance(size, int) or not 0 <= size <= 100:
-            raise InvalidRequestError(f"{where}: size must be a whole number from 0 to 100")
-        limits = ResourceLimits.parse(raw.get("resource_limits"), defaults=defaults)
-        specs.append(PoolSpec(raw["provider"], raw.get("image", settings.base_image), limits, network, size))
+    specs += [_parse_pool(raw, f"CORRAL_WARM_POOLS[{index}]", settings, service) for index, raw in enumerate(extra)]
     return specs
+
+
+def _parse_pool(raw: object, where: str, settings: Settings, service: WorkspaceService) -> PoolSpec:
+    allowed = {"provider", "image", "resource_limits", "network", "size"}
+    if not isinstance(raw, dict) or not set(raw) <= allowed or "provider" not in raw:
+        raise InvalidRequestError(f"{where}: needs 'provider' and may have {', '.join(sorted(allowed))}")
+    provider, image = raw["provider"], raw.get("image", settings.base_image)
+    if not isinstance(provider, str) or provider not in service.providers:
+        raise InvalidRequestError(f"{where}: provider {provider!r} is not configured")
+    if not isinstance(image, str) or not image.strip():
+        raise InvalidRequestError(f"{where}: image must be an image name")
+    network = raw.get("network", "isolated")
+    if network not in ("isolated", "default"):
+        raise InvalidRequestError(f"{where}: network must be 'isolated' or 'default'")
+    size = raw.get("size", 1)
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 100:
+        raise InvalidRequestError(f"{where}: size must be a whole number from 0 to 100")
+    limits = raw.get("resource_limits")
+    if limits is not None and not isinstance(limits, dict):
+        raise InvalidRequestError(f'{where}: resource_limits must be an object like {{"cpu": "1"}}')
+    return PoolSpec(provider, image, ResourceLimits.parse(limits, defaults=service.default_limits()), network, size)
 
 
 @dataclass
@@ -109,7 +115,8 @@ class WarmPools:
         self.service = service
         self._pools: dict[str, _PoolState] = {s.key: _PoolState(s) for s in specs if s.size > 0}
         self._unpooled_misses: collections.Counter[str] = collections.Counter()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._refills: set[asyncio.Task[Any]] = set()
+        self._retries: set[asyncio.Task[Any]] = set()
         self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
         self._closing = False
 
@@ -130,8 +137,8 @@ class WarmPools:
         if self._closing or key not in self._pools:
             return
         task = asyncio.create_task(self.refill(key), name=f"warm-pool-refill-{key}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
 
     async def refill(self, key: str) -> int:
         """Create workspaces until the pool holds its target; returns how many were created."""
@@ -154,8 +161,8 @@ class WarmPools:
             self.schedule_refill(key)
 
         task = asyncio.create_task(retry(), name=f"warm-pool-retry-{key}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
 
     async def _create_one(self, state: _PoolState) -> bool:
         spec = state.spec
@@ -166,14 +173,18 @@ class WarmPools:
         async with self._fill_slots:
             if self._closing:
                 return False
-            record = await self.service.store.workspaces.create(
-                requested_provider=spec.provider,
-                container_type="agent_workspace",
-                resource_limits=spec.limits.to_json(),
-                network=spec.network,
-                base_image=spec.image,
-                provider=spec.provider,
-                pool_key=spec.key,
+            # Store calls are shielded: close() cancels refills, and a database call cut in half could leave
+            # SQLite's write lock held. A cancelled provider create cleans up after itself.
+            record = await asyncio.shield(
+                self.service.store.workspaces.create(
+                    requested_provider=spec.provider,
+                    container_type="agent_workspace",
+                    resource_limits=spec.limits.to_json(),
+                    network=spec.network,
+                    base_image=spec.image,
+                    provider=spec.provider,
+                    pool_key=spec.key,
+                )
             )
             workspace_spec = WorkspaceSpec(
                 id=record.id,
@@ -186,18 +197,28 @@ class WarmPools:
             except CorralError as exc:
                 state.last_error = exc.message
                 log.warning("warm pool %s: could not create a workspace: %s", spec.key, exc.message)
-                await self.service.store.workspaces.update(record.id, status="destroyed", error=exc.message)
+                await asyncio.shield(
+                    self.service.store.workspaces.update(record.id, status="destroyed", error=exc.message)
+                )
                 return False
-            await self.service.store.workspaces.update(record.id, status="ready")
+            await asyncio.shield(self.service.store.workspaces.update(record.id, status="ready"))
             state.last_error = None
             return True
 
     # --- handing out ---------------------------------------------------------------------------------------------
 
-    async def acquire(self, provider: str, image: str, limits: ResourceLimits, network: str) -> WorkspaceRecord | None:
+    async def acquire(
+        self, provider: str, image: str, limits: ResourceLimits, network: str, container_type: str = "agent_workspace"
+    ) -> WorkspaceRecord | None:
         """A warm workspace of exactly this shape from ``provider``'s pool, or None (the miss is logged)."""
         key = pool_key(provider, image, limits, network)
         state = self._pools.get(key)
+        if state is not None and container_type != "agent_workspace":
+            # Pools hold agent workspaces; MCP servers are long-lived and labelled differently: always cold.
+            state.misses += 1
+            state.miss_reasons["container type mismatch"] += 1
+            log.info("warm pool miss (container type mismatch: %s); cold start with %s", container_type, provider)
+            return None
         if state is None:
             self._record_unpooled_miss(provider, image, limits, network)
             return None
@@ -278,13 +299,16 @@ class WarmPools:
         return dict(self._unpooled_misses)
 
     async def close(self, *, drain: bool) -> None:
-        """Stop refilling; with ``drain``, destroy every warm workspace (they are cheap to make again)."""
+        """Stop refilling; with ``drain``, destroy every warm workspace (they are cheap to make again).
+
+        Refills in progress are cancelled (their store calls are shielded); a workspace they left half-made is
+        still a ``creating`` record of the pool, so the drain removes it.
+        """
         self._closing = True
-        for task in list(self._tasks):
+        tasks = [*self._retries, *self._refills]
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await asyncio.gather(*tasks, return_exceptions=True)
         if drain:
             for key in self._pools:
                 for record in await self.service.store.workspaces.list(status=("creating", "ready"), pool_key=key):

@@ -5,11 +5,10 @@ Idle time counts from the last exec or file call this server saw, or from creati
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 
+from corral.orchestrator._periodic import Periodic
 from corral.orchestrator.service import WorkspaceService
 
 __all__ = ["Reaper"]
@@ -25,7 +24,7 @@ class Reaper:
         self.ttl_s = ttl_s
         self.idle_s = idle_s
         self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
+        self._periodic: Periodic | None = None
 
     @property
     def enabled(self) -> bool:
@@ -59,19 +58,11 @@ class Reaper:
     async def start(self) -> None:
         """Sweep in the background when enabled."""
         if self.enabled:
-            self._task = asyncio.create_task(self._loop(), name="corral-reaper")
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.sweep()
-            except Exception:  # a failed sweep must not end the reaper
-                log.exception("reaper sweep failed")
+            # Looked up at each run, not bound now, so tests may wrap sweep() after construction.
+            self._periodic = Periodic("corral-reaper", self.interval_s, lambda: self.sweep())  # noqa: PLW0108
+            self._periodic.start()
 
     async def stop(self) -> None:
-        """Stop sweeping."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop sweeping (a sweep in progress finishes first)."""
+        if self._periodic is not None:
+            await self._periodic.stop()

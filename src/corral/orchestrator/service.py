@@ -10,6 +10,7 @@ in memory (it is the only writer of records) and loads a record only on a cache 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -48,6 +49,8 @@ from corral.settings import Settings
 from corral.store import ProviderAttempt, Store, WorkspaceRecord
 
 __all__ = ["CreateWorkspace", "WorkspaceService"]
+
+NO_AUTO_PROVIDER = "no provider that auto selection may use is configured (fake is never auto-selected)"
 
 log = logging.getLogger(__name__)
 
@@ -153,19 +156,9 @@ class WorkspaceService:
             skipped += [(p, "excluded: it failed this request before") for p in try_order if p in request.exclude]
             try_order = [p for p in try_order if p not in request.exclude]
         image = request.base_image or self.settings.base_image
-        if self.pools is not None and try_order:
-            warm = await self.pools.acquire(try_order[0], image, request.limits, request.network)
-            if warm is not None:
-                record = await self.store.workspaces.update(
-                    warm.id,
-                    requested_provider=request.provider,
-                    container_type=request.container_type,
-                    metadata=request.metadata,
-                    provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
-                    warnings=self._provider_warnings(try_order[0]),
-                )
-                self._live[record.id] = (try_order[0], "ready")
-                return record
+        warm = await self._from_pool(request, try_order, skipped, image)
+        if warm is not None:
+            return warm
         workspace_id = uuid.uuid4().hex[:16]
         await self.store.workspaces.create(
             id=workspace_id,
@@ -191,36 +184,64 @@ class WorkspaceService:
                 await self.store.workspaces.update(workspace_id, status="error", error="invalid request")
                 raise
             except CorralError as exc:
-                reason = exc.reason if isinstance(exc, ProviderUnavailableError) else exc.message
-                attempts.append((name, reason))
-                if request.provider == "auto" and index + 1 < len(try_order):
-                    log.warning(
-                        "workspace %s: %s failed (%s); falling back to %s",
-                        workspace_id,
-                        name,
-                        reason,
-                        try_order[index + 1],
+                attempts.append((name, exc.reason if isinstance(exc, ProviderUnavailableError) else exc.message))
+            except Exception as exc:  # a provider bug must not end the chain or strand the record
+                log.exception("workspace %s: provider %s failed unexpectedly", workspace_id, name)
+                attempts.append((name, f"unexpected {type(exc).__name__}: {exc}"))
+            except BaseException:  # cancelled (client gone, shutdown): the record must not stay "creating"
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(
+                        self.store.workspaces.update(workspace_id, status="error", error="creation was cancelled")
                     )
-                continue
-            record = await self.store.workspaces.update(
-                workspace_id,
-                status="ready",
-                provider=name,
-                provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
-                warnings=self._provider_warnings(name),
-            )
-            self._live[workspace_id] = (name, "ready")
-            return record
+                raise
+            else:
+                record = await self.store.workspaces.update(
+                    workspace_id,
+                    status="ready",
+                    provider=name,
+                    provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
+                    warnings=self._provider_warnings(name),
+                )
+                self._live[workspace_id] = (name, "ready")
+                return record
+            if request.provider == "auto" and index + 1 < len(try_order):
+                log.warning(
+                    "workspace %s: %s failed (%s); falling back to %s",
+                    workspace_id,
+                    name,
+                    attempts[-1][1],
+                    try_order[index + 1],
+                )
         await self.store.workspaces.update(
             workspace_id,
             status="error",
             provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
-            error="; ".join(f"{p}: {e}" for p, e in attempts) or "no provider configured",
+            error="; ".join(f"{p}: {e}" for p, e in attempts) or NO_AUTO_PROVIDER,
         )
         if request.provider != "auto":
             name, reason = attempts[0]
             raise ProviderUnavailableError(name, reason, details={"workspace_id": workspace_id})
         raise AllProvidersFailedError(attempts)
+
+    async def _from_pool(
+        self, request: CreateWorkspace, try_order: list[str], skipped: list[tuple[str, str]], image: str
+    ) -> WorkspaceRecord | None:
+        """A warm workspace when the provider selection chose and the rest of the pool key match."""
+        if self.pools is None or not try_order:
+            return None
+        warm = await self.pools.acquire(try_order[0], image, request.limits, request.network, request.container_type)
+        if warm is None:
+            return None
+        record = await self.store.workspaces.update(
+            warm.id,
+            requested_provider=request.provider,
+            container_type=request.container_type,
+            metadata=request.metadata,
+            provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
+            warnings=self._provider_warnings(try_order[0]),
+        )
+        self._live[record.id] = (try_order[0], "ready")
+        return record
 
     @staticmethod
     def _provider_warnings(provider: str) -> list[str]:

@@ -1,0 +1,381 @@
+"""Automatic provider selection, container-type routing and the fallback chain (seed 000), over fake providers."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from corral.errors import AllProvidersFailedError, ProviderUnavailableError
+from corral.orchestrator.health import HealthMonitor
+from corral.orchestrator.selection import SelectionInputs, fallback_chain, preference_order
+from corral.orchestrator.service import CreateWorkspace, WorkspaceService
+from corral.providers.fake import FakeProvider
+from corral.settings import Settings
+from corral.store import ProviderAttempt, Store
+
+pytestmark = pytest.mark.unit
+
+NO_KVM = "KVM not available: /dev/kvm does not exist"
+ALL_BACKENDS = ("firecracker", "gvisor", "docker")
+ALL_HEALTHY = ("e2b", "firecracker", "gvisor", "http", "docker")
+
+Build = Callable[..., Awaitable[WorkspaceService]]
+
+
+def inputs(
+    mode: str = "self-hosted",
+    *,
+    e2b_key: bool = False,
+    allow_docker: bool = True,
+    configured: tuple[str, ...] = ALL_BACKENDS,
+) -> SelectionInputs:
+    """Selection inputs with the defaults of a self-hosted server configured with firecracker, gvisor and docker."""
+    return SelectionInputs(
+        deployment_mode=mode,  # type: ignore[arg-type]
+        e2b_configured=e2b_key,
+        allow_docker=allow_docker,
+        configured=configured,
+    )
+
+
+def fakes(*names: str) -> dict[str, FakeProvider]:
+    """In-memory providers named after the real backends, so auto selection considers them."""
+    return {name: FakeProvider(name) for name in names}
+
+
+def create_calls(provider: FakeProvider) -> list[str]:
+    """Ids of the workspaces ``create`` was called for on this provider."""
+    return [workspace_id for method, workspace_id in provider.calls if method == "create"]
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep the developer's CORRAL_* / E2B_API_KEY variables out of Settings."""
+    for name in list(os.environ):
+        if name.startswith(("CORRAL_", "WORKSPACE_DEFAULT_")) or name == "E2B_API_KEY":
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+async def build(tmp_path: Path) -> AsyncIterator[Build]:
+    """Build a service over the given fakes and a SQLite file, health checked once; stores are closed afterwards."""
+    stores: list[Store] = []
+
+    async def _build(providers: dict[str, FakeProvider], **settings: object) -> WorkspaceService:
+        data_dir = tmp_path / f"service-{len(stores)}"
+        data_dir.mkdir()
+        config = Settings(data_dir=data_dir, providers=",".join(providers), **settings)  # type: ignore[arg-type]
+        store = await Store.open(config.sqlalchemy_url())
+        stores.append(store)
+        monitor = HealthMonitor(providers, config.health_interval_s)
+        await monitor.check_all()
+        return WorkspaceService(config, store, providers, monitor)
+
+    yield _build
+    for store in stores:
+        await store.close()
+
+
+# --- preference_order / fallback_chain: pure selection -----------------------------------------------------------
+
+
+def test_self_hosted_with_kvm_selects_firecracker() -> None:
+    """Self-hosted, provider auto, Firecracker healthy (KVM available): the orchestrator selects Firecracker."""
+    try_order, skipped = fallback_chain(inputs(), "agent_workspace", healthy=ALL_BACKENDS)
+    assert try_order == ["firecracker", "gvisor", "docker"]
+    assert skipped == []
+
+
+def test_self_hosted_without_kvm_selects_gvisor() -> None:
+    """Self-hosted, provider auto, Firecracker reports KVM unavailable: the orchestrator selects gVisor."""
+    try_order, skipped = fallback_chain(inputs(), "agent_workspace", healthy=("gvisor", "docker"))
+    assert try_order == ["gvisor", "docker"]
+    assert skipped == ["firecracker"]
+
+
+def test_managed_with_e2b_key_selects_e2b() -> None:
+    """Managed deployment with an E2B API key configured: the orchestrator selects E2B, then the self-hosted order."""
+    order = preference_order(inputs("managed", e2b_key=True, configured=ALL_HEALTHY), "agent_workspace")
+    assert order == ["e2b", "firecracker", "gvisor", "http", "docker"]
+
+
+def test_managed_without_e2b_key_falls_back_to_self_hosted_order() -> None:
+    """Managed deployment without an E2B API key: the self-hosted selection logic applies (Firecracker > gVisor)."""
+    order = preference_order(inputs("managed", e2b_key=False, configured=ALL_HEALTHY), "agent_workspace")
+    assert order == ["firecracker", "gvisor", "http", "docker"]
+
+
+def test_e2b_key_is_ignored_when_self_hosted() -> None:
+    """An E2B key alone does not make a self-hosted server prefer E2B: e2b is only a managed-mode choice."""
+    order = preference_order(inputs("self-hosted", e2b_key=True, configured=ALL_HEALTHY), "agent_workspace")
+    assert "e2b" not in order
+    assert order[0] == "firecracker"
+
+
+def test_agent_workspace_prefers_firecracker() -> None:
+    """container_type agent_workspace with provider auto: the orchestrator prefers Firecracker."""
+    assert preference_order(inputs(), "agent_workspace")[0] == "firecracker"
+
+
+def test_mcp_server_prefers_gvisor() -> None:
+    """container_type mcp_server with provider auto: the orchestrator prefers gVisor (lower resource overhead)."""
+    assert preference_order(inputs(), "mcp_server") == ["gvisor", "firecracker", "docker"]
+
+
+def test_mcp_server_in_managed_mode_still_prefers_e2b_then_gvisor() -> None:
+    """Managed with an E2B key keeps E2B first for MCP servers too, and then routes to gVisor before Firecracker."""
+    order = preference_order(inputs("managed", e2b_key=True, configured=ALL_HEALTHY), "mcp_server")
+    assert order[:3] == ["e2b", "gvisor", "firecracker"]
+
+
+def test_docker_is_last_whatever_the_configured_order() -> None:
+    """Plain Docker shares the host kernel, so it comes last even when it is configured first."""
+    order = preference_order(inputs(configured=("docker", "gvisor", "firecracker")), "agent_workspace")
+    assert order == ["firecracker", "gvisor", "docker"]
+
+
+def test_docker_is_never_selected_without_allow_docker_fallback() -> None:
+    """With allow_docker_fallback off, docker is not in the order even when it is the only healthy provider."""
+    no_docker = inputs(allow_docker=False)
+    assert preference_order(no_docker, "agent_workspace") == ["firecracker", "gvisor"]
+    assert fallback_chain(no_docker, "agent_workspace", healthy=("docker",)) == ([], ["firecracker", "gvisor"])
+
+
+def test_fake_is_never_auto_selected() -> None:
+    """The fake provider is for tests: auto selection never picks it, even when it is the only one configured."""
+    assert preference_order(inputs(configured=("fake",)), "agent_workspace") == []
+    assert "fake" not in preference_order(inputs(configured=("fake", *ALL_BACKENDS)), "mcp_server")
+
+
+def test_only_configured_providers_are_considered() -> None:
+    """Selection never names a provider the server was not configured with."""
+    assert preference_order(inputs(configured=("gvisor",)), "agent_workspace") == ["gvisor"]
+    assert preference_order(inputs("managed", e2b_key=True, configured=("gvisor",)), "agent_workspace") == ["gvisor"]
+    assert preference_order(inputs(configured=()), "agent_workspace") == []
+
+
+def test_fallback_chain_keeps_unhealthy_providers_for_reporting_in_preference_order() -> None:
+    """Unhealthy providers are left out of the try order but reported, best first, so errors can name them."""
+    try_order, skipped = fallback_chain(
+        inputs("managed", e2b_key=True, configured=("e2b", *ALL_BACKENDS)), "agent_workspace", healthy=("docker",)
+    )
+    assert try_order == ["docker"]
+    assert skipped == ["e2b", "firecracker", "gvisor"]
+
+
+# --- WorkspaceService.plan: selection with cached health -----------------------------------------------------------
+
+
+async def test_plan_without_kvm_skips_firecracker_with_its_health_error(build: Build) -> None:
+    """Self-hosted without KVM: plan tries gVisor first and reports Firecracker as skipped with the KVM reason."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].healthy = False
+    providers["firecracker"].health_error = NO_KVM
+    service = await build(providers)
+    try_order, skipped = service.plan("auto", "agent_workspace")
+    assert try_order == ["gvisor", "docker"]
+    assert skipped == [("firecracker", f"unhealthy: {NO_KVM}")]
+
+
+async def test_plan_in_managed_mode_reads_the_e2b_key_from_settings(build: Build) -> None:
+    """Managed mode with Settings(e2b_api_key=...) (E2B_API_KEY) plans E2B first; without the key it is left out."""
+    with_key = await build(fakes("e2b", *ALL_BACKENDS), deployment_mode="managed", e2b_api_key="e2b_test_key")
+    without_key = await build(fakes("e2b", *ALL_BACKENDS), deployment_mode="managed")
+    assert with_key.plan("auto", "agent_workspace")[0] == ["e2b", "firecracker", "gvisor", "docker"]
+    assert without_key.plan("auto", "agent_workspace")[0] == ["firecracker", "gvisor", "docker"]
+
+
+def test_e2b_key_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The E2B key comes from E2B_API_KEY (or CORRAL_E2B_API_KEY) in the environment."""
+    monkeypatch.setenv("E2B_API_KEY", "from-env")
+    assert Settings(data_dir=tmp_path).e2b_api_key == "from-env"
+    monkeypatch.delenv("E2B_API_KEY")
+    monkeypatch.setenv("CORRAL_E2B_API_KEY", "from-corral-env")
+    assert Settings(data_dir=tmp_path).e2b_api_key == "from-corral-env"
+
+
+async def test_plan_for_an_explicit_provider_is_that_provider_alone(build: Build) -> None:
+    """An explicit provider is planned alone, with no fallback and no health filtering."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].healthy = False
+    service = await build(providers)
+    assert service.plan("firecracker", "agent_workspace") == (["firecracker"], [])
+
+
+# --- WorkspaceService.create: the fallback chain -------------------------------------------------------------------
+
+
+async def test_omitting_the_provider_behaves_as_auto(build: Build) -> None:
+    """A request that omits the provider field behaves as if provider = "auto" was specified."""
+    service = await build(fakes(*ALL_BACKENDS))
+    request = CreateWorkspace()
+    assert request.provider == "auto"
+    record = await service.create(request)
+    assert record.requested_provider == "auto"
+    assert record.provider == "firecracker"
+    assert record.status == "ready"
+    assert record.provider_attempts == ()
+    assert record.warnings == ()
+
+
+async def test_mcp_server_is_created_on_gvisor(build: Build) -> None:
+    """container_type mcp_server with provider auto is created on gVisor; agent_workspace on Firecracker."""
+    service = await build(fakes(*ALL_BACKENDS))
+    assert (await service.create(CreateWorkspace(container_type="mcp_server"))).provider == "gvisor"
+    assert (await service.create(CreateWorkspace(container_type="agent_workspace"))).provider == "firecracker"
+
+
+async def test_firecracker_failure_falls_back_to_gvisor(build: Build, caplog: pytest.LogCaptureFixture) -> None:
+    """Firecracker fails to create: the system retries with gVisor, logs the fallback and records the provider used."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error: cannot open /dev/kvm"
+    service = await build(providers)
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "gvisor"
+    assert record.provider_attempts == (ProviderAttempt("firecracker", "KVM error: cannot open /dev/kvm"),)
+    assert (await service.get(record.id)).provider == "gvisor"  # stored, not only returned
+    assert create_calls(providers["docker"]) == []
+    fallbacks = [r for r in caplog.records if r.levelno == logging.WARNING and "falling back" in r.getMessage()]
+    assert len(fallbacks) == 1
+    assert "firecracker failed (KVM error: cannot open /dev/kvm); falling back to gvisor" in fallbacks[0].getMessage()
+
+
+async def test_e2b_failure_falls_back_to_firecracker_then_gvisor(
+    build: Build, caplog: pytest.LogCaptureFixture
+) -> None:
+    """E2B fails (quota exceeded), then Firecracker: the system retries Firecracker, then gVisor, logging each step."""
+    providers = fakes("e2b", *ALL_BACKENDS)
+    providers["e2b"].fail_create = "API error: quota exceeded"
+    providers["firecracker"].fail_create = "resource exhaustion: no memory left for a microVM"
+    service = await build(providers, deployment_mode="managed", e2b_api_key="e2b_test_key")
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "gvisor"
+    assert record.provider_attempts == (
+        ProviderAttempt("e2b", "API error: quota exceeded"),
+        ProviderAttempt("firecracker", "resource exhaustion: no memory left for a microVM"),
+    )
+    fallbacks = [r.getMessage() for r in caplog.records if "falling back" in r.getMessage()]
+    assert len(fallbacks) == 2
+    assert "e2b failed (API error: quota exceeded); falling back to firecracker" in fallbacks[0]
+    assert "firecracker failed" in fallbacks[1] and fallbacks[1].endswith("falling back to gvisor")
+    assert all(r.levelno == logging.WARNING for r in caplog.records if "falling back" in r.getMessage())
+
+
+async def test_e2b_failure_is_served_by_firecracker_when_kvm_is_available(build: Build) -> None:
+    """E2B fails in managed mode and Firecracker is healthy: Firecracker serves the workspace."""
+    providers = fakes("e2b", *ALL_BACKENDS)
+    providers["e2b"].fail_create = "API error: 500"
+    service = await build(providers, deployment_mode="managed", e2b_api_key="e2b_test_key")
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "firecracker"
+    assert record.provider_attempts == (ProviderAttempt("e2b", "API error: 500"),)
+    assert create_calls(providers["gvisor"]) == []
+
+
+async def test_explicit_provider_does_not_fall_back(build: Build) -> None:
+    """Explicit provider = "firecracker" that fails returns an error without attempting any fallback."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error: cannot open /dev/kvm"
+    service = await build(providers)
+    with pytest.raises(ProviderUnavailableError) as caught:
+        await service.create(CreateWorkspace(provider="firecracker"))
+    assert not isinstance(caught.value, AllProvidersFailedError)
+    assert caught.value.provider == "firecracker"
+    assert caught.value.reason == "KVM error: cannot open /dev/kvm"
+    assert "firecracker" in caught.value.message and "KVM error" in caught.value.message
+    assert len(create_calls(providers["firecracker"])) == 1
+    assert create_calls(providers["gvisor"]) == []
+    assert create_calls(providers["docker"]) == []
+    record = await service.get(caught.value.details["workspace_id"])
+    assert record.status == "error"
+    assert record.requested_provider == "firecracker"
+
+
+async def test_all_providers_fail_lists_every_provider_and_reason(build: Build) -> None:
+    """When the fallback chain is exhausted, the error lists each provider, unhealthy ones included, with its reason."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].healthy = False
+    providers["firecracker"].health_error = NO_KVM
+    providers["gvisor"].fail_create = "runsc runtime is not registered with dockerd"
+    providers["docker"].fail_create = "docker daemon unreachable"
+    service = await build(providers)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace())
+    assert caught.value.attempts == [
+        ("firecracker", f"unhealthy: {NO_KVM}"),
+        ("gvisor", "runsc runtime is not registered with dockerd"),
+        ("docker", "docker daemon unreachable"),
+    ]
+    for name in ALL_BACKENDS:
+        assert name in caught.value.message
+    assert create_calls(providers["firecracker"]) == []  # skipped up front: it was unhealthy
+
+
+async def test_failed_auto_create_leaves_an_error_record_with_the_attempts(build: Build) -> None:
+    """A create that exhausts the chain leaves a record with status "error" that keeps every attempt."""
+    providers = fakes("firecracker", "gvisor")
+    providers["firecracker"].fail_create = "KVM error"
+    providers["gvisor"].fail_create = "runsc missing"
+    service = await build(providers)
+    with pytest.raises(AllProvidersFailedError):
+        await service.create(CreateWorkspace(metadata={"task": "t-1"}))
+    [record] = await service.store.workspaces.list(status="error")
+    assert record.provider is None
+    assert record.requested_provider == "auto"
+    assert record.metadata == {"task": "t-1"}
+    assert record.provider_attempts == (
+        ProviderAttempt("firecracker", "KVM error"),
+        ProviderAttempt("gvisor", "runsc missing"),
+    )
+    assert (
+        record.error is not None
+        and "firecracker: KVM error" in record.error
+        and "gvisor: runsc missing" in record.error
+    )
+
+
+async def test_docker_fallback_records_the_reduced_isolation_warning(build: Build) -> None:
+    """Falling back to plain Docker works, and the record warns that isolation is reduced."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error"
+    providers["gvisor"].fail_create = "runsc missing"
+    service = await build(providers)
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "docker"
+    assert [a.provider for a in record.provider_attempts] == ["firecracker", "gvisor"]
+    assert len(record.warnings) == 1
+    assert "isolation is reduced" in record.warnings[0]
+
+
+async def test_without_allow_docker_fallback_auto_never_tries_docker(build: Build) -> None:
+    """With allow_docker_fallback=False, auto selection fails rather than falling back to plain Docker."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error"
+    providers["gvisor"].fail_create = "runsc missing"
+    service = await build(providers, allow_docker_fallback=False)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace())
+    assert [name for name, _ in caught.value.attempts] == ["firecracker", "gvisor"]
+    assert create_calls(providers["docker"]) == []
+
+
+async def test_explicit_docker_is_allowed_without_docker_fallback(build: Build) -> None:
+    """allow_docker_fallback only limits auto: an explicit docker request is still served, with the warning."""
+    service = await build(fakes(*ALL_BACKENDS), allow_docker_fallback=False)
+    record = await service.create(CreateWorkspace(provider="docker"))
+    assert record.provider == "docker"
+    assert any("isolation is reduced" in w for w in record.warnings)
+
+
+async def test_only_fake_configured_means_auto_has_nothing_to_try(build: Build) -> None:
+    """A server configured with only the fake provider never auto-selects it; auto fails without calling it."""
+    providers = {"fake": FakeProvider("fake")}
+    service = await build(providers)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace())
+    assert caught.value.attempts == []
+    assert create_calls(providers["fake"]) == []
