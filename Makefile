@@ -18,8 +18,8 @@ test-unit: bootstrap
 	.venv/bin/pytest -m unit $(PYTEST_ARGS)
 
 check: bootstrap
-	.venv/bin/ruff check src tests bench
-	.venv/bin/ruff format --check src tests bench
+	.venv/bin/ruff check src tests $(wildcard bench)
+	.venv/bin/ruff format --check src tests $(wildcard bench)
 	.venv/bin/mypy
 
 bench: bootstrap
