@@ -110,6 +110,23 @@ class Settings(BaseSettings):
     e2b_api_key: str | None = Field(None, validation_alias=AliasChoices("E2B_API_KEY", "CORRAL_E2B_API_KEY"))
     """E2B_API_KEY: enables the e2b provider."""
 
+    e2b_domain: str | None = Field(None, validation_alias=AliasChoices("E2B_DOMAIN", "CORRAL_E2B_DOMAIN"))
+    """E2B_DOMAIN: the E2B domain (default: the SDK's, e2b.app)."""
+
+    e2b_api_url: str | None = Field(None, validation_alias=AliasChoices("E2B_API_URL", "CORRAL_E2B_API_URL"))
+    """E2B_API_URL: the E2B control plane URL, e.g. another Corral's ``http://host:8000/e2b``."""
+
+    e2b_sandbox_url: str | None = Field(
+        None, validation_alias=AliasChoices("E2B_SANDBOX_URL", "CORRAL_E2B_SANDBOX_URL")
+    )
+    """E2B_SANDBOX_URL: the in-sandbox daemon (envd) URL, e.g. ``http://host:8000/e2b/envd``."""
+
+    e2b_template: str = Field("base", validation_alias=AliasChoices("E2B_TEMPLATE", "CORRAL_E2B_TEMPLATE"))
+    """E2B_TEMPLATE: the template e2b workspaces start from."""
+
+    e2b_sandbox_timeout_s: int = Field(3600, ge=1, le=86400)
+    """CORRAL_E2B_SANDBOX_TIMEOUT_S: lifetime E2B gives a sandbox before pausing it."""
+
     def sqlalchemy_url(self) -> str:
         """The async SQLAlchemy URL for the configured database."""
         url = self.database_url or f"sqlite:///{(self.data_dir / 'corral.db').resolve()}"

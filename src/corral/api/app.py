@@ -18,6 +18,7 @@ from corral.agents.sessions import AgentService
 from corral.api import agents as agents_api
 from corral.api import workspaces
 from corral.api.deps import require_token
+from corral.api.e2b import mount_e2b
 from corral.api.errors import install_error_handlers
 from corral.orchestrator.disk import DiskWatcher
 from corral.orchestrator.health import HealthMonitor
@@ -101,4 +102,6 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
 
     app.include_router(workspaces.router, dependencies=[Depends(require_token)])
     app.include_router(agents_api.router, dependencies=[Depends(require_token)])
+    # E2B compatibility authenticates the SDK's own way (X-API-KEY, sandbox access tokens): see corral.api.e2b.
+    mount_e2b(app)
     return app

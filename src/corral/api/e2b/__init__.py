@@ -1,0 +1,59 @@
+"""E2B compatibility: the unmodified E2B SDK drives Corral workspaces.
+
+Point the SDK at a Corral server and it works as with E2B's cloud::
+
+    E2B_API_URL=http://HOST:PORT/e2b
+    E2B_SANDBOX_URL=http://HOST:PORT/e2b/envd
+    E2B_API_KEY=<CORRAL_API_TOKEN>
+
+* :mod:`~corral.api.e2b.control` serves E2B's control plane under ``/e2b`` (sandboxes: create, list, get, kill,
+  timeout, pause, resume/connect), authenticated with ``X-API-KEY``.
+* :mod:`~corral.api.e2b.envd` serves envd, the in-sandbox daemon, under ``/e2b/envd`` for every sandbox at once
+  (the SDK names the sandbox in the ``E2b-Sandbox-Id`` header), authenticated with the sandbox's
+  ``X-Access-Token``; ``/files`` at the root serves the SDK's signed file URLs.
+
+Everything goes through :class:`~corral.orchestrator.service.WorkspaceService` and the configured providers: a sandbox
+is a workspace, on whatever provider Corral's auto selection picks. Include the routers in ``create_app`` with
+:func:`mount_e2b` (or ``for router in e2b_routers(): app.include_router(router)``); do not put Corral's bearer-token
+dependency on them, they authenticate the way the E2B SDK does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import APIRouter, FastAPI
+
+from corral.api.e2b._state import E2BState
+from corral.api.e2b.control import control_router
+from corral.api.e2b.envd import envd_router, signed_files_router
+
+__all__ = ["E2BState", "e2b_routers", "mount_e2b"]
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    # Runs inside create_app's lifespan (FastAPI nests included routers' lifespans), so the service exists.
+    state = E2BState(app.state.service, app.state.api_token)
+    app.state.e2b = state
+    state.start()
+    try:
+        yield
+    finally:
+        await state.aclose()
+
+
+def e2b_routers() -> list[APIRouter]:
+    """New routers: ``/e2b`` (control plane) and ``/e2b/envd`` (envd) with the lifespan that runs their state, and
+    ``/files`` at the root for the signed URLs of ``download_url``/``upload_url`` (the SDK builds them there)."""
+    router = APIRouter(prefix="/e2b", lifespan=_lifespan)
+    router.include_router(envd_router(), prefix="/envd")
+    router.include_router(control_router())
+    return [router, signed_files_router()]
+
+
+def mount_e2b(app: FastAPI) -> None:
+    """Serve the E2B-compatible API on ``app`` (call it in ``create_app``, after the app is built)."""
+    for router in e2b_routers():
+        app.include_router(router)
