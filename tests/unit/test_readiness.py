@@ -8,8 +8,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -644,13 +643,8 @@ def test_provider_satisfies_the_protocol() -> None:
 
 def test_from_settings_reads_the_firecracker_fields() -> None:
     """from_settings maps firecracker_bin/_kernel/_rootfs onto the readiness config, with defaults when absent."""
-    configured = cast(
-        "Settings",
-        SimpleNamespace(firecracker_bin="/opt/fc", firecracker_kernel=Path("/k/vmlinux"), firecracker_rootfs="/r.ext4"),
-    )
-    bare = cast("Settings", SimpleNamespace())
-
+    configured = Settings(firecracker_bin="/opt/fc", firecracker_kernel="/k/vmlinux", firecracker_rootfs="/r.ext4")
     assert from_settings(configured).config == ReadinessConfig(
         firecracker_bin="/opt/fc", kernel_path="/k/vmlinux", rootfs_path="/r.ext4"
     )
-    assert from_settings(bare).config == ReadinessConfig()
+    assert from_settings(Settings()).config == ReadinessConfig()
