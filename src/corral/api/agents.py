@@ -55,6 +55,7 @@ def agent_type_json(record: AgentTypeRecord) -> dict[str, Any]:
 
 def session_json(record: SessionRecord) -> dict[str, Any]:
     """The session as the API shows it (the task's repository URL without its credentials)."""
+    config = config_from_json(record.workspace_config)
     task = dict(record.task_context or {})
     if task.get("repository_url"):
         task["repository_url"] = split_credentials(task["repository_url"])[0]
@@ -66,6 +67,7 @@ def session_json(record: SessionRecord) -> dict[str, Any]:
         "degraded": record.degraded,
         "degraded_reason": record.degraded_reason,
         "warnings": list(record.warnings),
+        "tools": list(config.tools) if config.enabled else [],
         "task": {"context": task},
         "created_at": record.created_at.isoformat(),
         "ended_at": record.ended_at.isoformat() if record.ended_at else None,

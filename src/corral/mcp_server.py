@@ -1,0 +1,337 @@
+"""``corral mcp``: one session's allowed tools, served over MCP on stdin/stdout.
+
+The MCP server holds no policy of its own. It lists the tools the session's agent type enables, each with a JSON
+schema for its arguments, and forwards every call, whatever its name, to Corral's HTTP API through the SDK. So the
+server decides what is allowed and audits every call exactly as it does for HTTP clients; a refused call comes back
+as an MCP error result carrying the server's message (``Tool 'bash' is not enabled for this agent type``).
+
+With ``--agent-type`` the command starts the session itself, waits until it is active, and ends it when the MCP
+client closes stdin or sends SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+import corral
+from corral.client import AsyncCorral, AsyncSession
+from corral.errors import CorralError, InvalidRequestError
+
+__all__ = ["TOOL_SPECS", "allowed_tools", "build_server", "render_result", "serve_stdio", "tool_definitions"]
+
+log = logging.getLogger(__name__)
+
+END_SESSION_TIMEOUT_S = 30.0
+
+_PATH = {"type": "string", "minLength": 1, "description": "a path relative to /workspace"}
+TOOL_SPECS: Mapping[str, tuple[str, dict[str, Any]]] = {
+    "bash": (
+        "Run a shell command in the workspace's persistent bash session (it starts in /workspace; cd and export "
+        "carry over to the next call). Returns stdout, stderr and the exit code.",
+        {
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "minLength": 1, "description": "the command line"},
+                "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600,
+                              "description": "kill the command after this many seconds (default 120)"},
+            },
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    ),
+    "read": (
+        "Read a text file in the workspace, as a window of lines.",
+        {
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "offset": {"type": "integer", "minimum": 1, "description": "the first line, 1-based (default 1)"},
+                "limit": {"type": "integer", "minimum": 1, "description": "how many lines (default 2000)"},
+            },
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    ),
+    "write": (
+        "Write a text file in the workspace, replacing it; parent directories are created.",
+        {
+            "type": "object",
+            "properties": {"path": _PATH, "content": {"type": "string", "description": "the file's new content"}},
+            "required": ["path", "content"],
+            "additionalProperties": False,
+        },
+    ),
+    "edit": (
+        "Replace an exact string in a file. old_string must occur exactly once, unless replace_all is true.",
+        {
+            "type": "object",
+            "properties": {
+                "path": _PATH,
+                "old_string": {"type": "string", "description": "the exact text to replace"},
+                "new_string": {"type": "string", "description": "its replacement"},
+                "replace_all": {"type": "boolean", "description": "replace every occurrence (default false)"},
+            },
+            "required": ["path", "old_string", "new_string"],
+            "additionalProperties": False,
+        },
+    ),
+    "grep": (
+        "Search file contents in the workspace with a regular expression (ripgrep); returns path:line: text.",
+        {
+            "type": "object",
+            "properties": {
+                "pattern": {"type": "string", "minLength": 1, "description": "the regular expression"},
+                "path": {**_PATH, "description": "where to search (default /workspace)"},
+                "include": {"type": "string", "description": "a glob file names must match, e.g. *.py"},
+                "case_insensitive": {"type": "boolean", "description": "ignore case (default false)"},
+            },
+            "required": ["pattern"],
+            "additionalProperties": False,
+        },
+    ),
+    "glob": (
+        "Find paths in the workspace matching a glob; ** matches any depth.",
+        {
+            "type": "object",
+            "properties": {
+                "pattern": {"type": "string", "minLength": 1, "description": "the glob, e.g. src/**/*.py"},
+                "path": {**_PATH, "description": "where to search (default /workspace)"},
+            },
+            "required": ["pattern"],
+            "additionalProperties": False,
+        },
+    ),
+    "git": (
+        "Run git in /workspace. Options that make git run other programs (-c, hooks, ext:: URLs...) are refused.",
+        {
+            "type": "object",
+            "properties": {
+                "args": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                         "description": 'git\'s arguments, e.g. ["log", "--oneline", "-5"]'},
+            },
+            "required": ["args"],
+            "additionalProperties": False,
+        },
+    ),
+}  # fmt: skip
+"""Per tool: its description and the JSON schema of its arguments (the HTTP API's tool arguments)."""
+
+
+def tool_definitions(allowed: Iterable[str]) -> list[types.Tool]:
+    """The MCP tool list for the allowed tools, in the API's order; names without a spec are skipped."""
+    wanted = set(allowed)
+    return [
+        types.Tool(name=name, description=description, input_schema=schema)
+        for name, (description, schema) in TOOL_SPECS.items()
+        if name in wanted
+    ]
+
+
+def _command_output(result: Mapping[str, Any]) -> str:
+    parts = [str(result.get("stdout") or "")]
+    stderr = str(result.get("stderr") or "")
+    if stderr:
+        parts.append(f"[stderr]\n{stderr}")
+    code = result.get("exit_code")
+    if code != 0 or not any(parts):
+        parts.append(f"[exit code {code}]")
+    return "\n".join(p.rstrip("\n") for p in parts if p)
+
+
+def _read_output(result: Mapping[str, Any]) -> str:
+    note = f"\n[{result.get('total_lines')} lines in all; more follow]" if result.get("truncated") else ""
+    return f"{result.get('content', '')}{note}"
+
+
+def _listing(lines: list[str], truncated: bool, cut: str, empty: str) -> str:
+    return "\n".join([*lines, *([cut] if truncated else [])]) or empty
+
+
+def _grep_output(result: Mapping[str, Any]) -> str:
+    lines = [f"{m.get('path')}:{m.get('line_number')}: {m.get('line')}" for m in result.get("matches") or ()]
+    return _listing(lines, bool(result.get("truncated")), "[more matches were cut]", "no matches")
+
+
+def _glob_output(result: Mapping[str, Any]) -> str:
+    paths = [str(p) for p in result.get("paths") or ()]
+    return _listing(paths, bool(result.get("truncated")), "[more paths were cut]", "no paths match")
+
+
+_RENDERERS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "bash": _command_output,
+    "git": _command_output,
+    "read": _read_output,
+    "write": lambda r: f"wrote {r.get('bytes_written')} bytes",
+    "edit": lambda r: f"{r.get('replacements')} replacement(s)",
+    "grep": _grep_output,
+    "glob": _glob_output,
+}
+
+
+def render_result(tool: str, result: Mapping[str, Any]) -> str:
+    """A tool's JSON result as the text a model reads (the JSON itself goes along as structured content)."""
+    renderer = _RENDERERS.get(tool)
+    return renderer(result) if renderer is not None else json.dumps(result, indent=2)
+
+
+async def allowed_tools(client: AsyncCorral, session: AsyncSession) -> tuple[str, ...]:
+    """The tools the session may call: its own snapshot when the API shows one, else its agent type's config."""
+    snapshot = session.info.raw.get("tools")
+    if isinstance(snapshot, list):
+        return tuple(str(t) for t in snapshot)
+    return (await client.agent_types.get(session.info.agent_type_id)).tools
+
+
+def build_server(session: AsyncSession, tools: Sequence[str]) -> Server[Any]:
+    """A low-level MCP server listing ``tools`` and forwarding every call to the session over HTTP."""
+    definitions = tool_definitions(tools)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=definitions)
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        # No check here on purpose: the server enforces the tool policy and audits refused calls too.
+        try:
+            result = await session.tools.call(params.name, params.arguments or {})
+        except CorralError as exc:
+            return types.CallToolResult(content=[types.TextContent(text=exc.message)], is_error=True)
+        return types.CallToolResult(
+            content=[types.TextContent(text=render_result(params.name, result))], structured_content=result
+        )
+
+    return Server(
+        "corral",
+        version=corral.__version__,
+        instructions=(
+            f"Tools of Corral session {session.id}: they run in its isolated workspace, with paths relative to "
+            "/workspace."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def _serve(session: AsyncSession, tools: Sequence[str]) -> None:
+    server = build_server(session, tools)
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+class _Lifetime:
+    """The session being served, and ending it (once) when this process started it."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        self.client = client
+        self.session: AsyncSession | None = None
+        self.owned = False
+        self._ending: anyio.Event | None = None
+
+    async def end(self) -> None:
+        """End an owned session, once; shielded and bounded, so neither a cancellation nor a slow server can skip
+        or hang it. A second caller (a signal arriving during the first) waits for the first to finish."""
+        if not self.owned or self.session is None:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(END_SESSION_TIMEOUT_S):
+            if self._ending is not None:
+                await self._ending.wait()
+                return
+            self._ending = anyio.Event()
+            try:
+                await self.session.end()
+                log.info("ended session %s", self.session.id)
+            finally:
+                self._ending.set()
+
+    async def exit_on_signal(self) -> None:
+        """SIGTERM or SIGINT: end an owned session, then exit at once.
+
+        Exiting cannot wait for an orderly shutdown: the stdio transport reads stdin in a worker thread that only a
+        closed stdin releases, and a signal usually comes precisely because the client did not close it.
+        """
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("received %s; stopping", signal.Signals(signum).name)
+                await self.end()
+                sys.stderr.flush()
+                os._exit(128 + signum)
+
+
+async def _run(
+    lifetime: _Lifetime,
+    *,
+    session_id: str | None,
+    agent_type_id: str,
+    task_context: Mapping[str, Any] | None,
+    wait_timeout_s: float,
+) -> None:
+    client = lifetime.client
+    if session_id is not None:
+        session = await client.sessions.get(session_id)
+        if session.status == "ended":
+            raise InvalidRequestError(f"session {session_id} has ended; start a new one")
+    else:
+        session = await client.sessions.start(agent_type_id, task_context=task_context)
+        lifetime.owned = True
+        log.info("started session %s", session.id)
+    lifetime.session = session
+    info = await session.wait(timeout_s=wait_timeout_s)
+    if info.degraded:
+        log.warning("session %s is degraded: %s", session.id, info.degraded_reason)
+    await _serve(session, await allowed_tools(client, session))
+
+
+async def serve_stdio(
+    *,
+    session_id: str | None = None,
+    agent_type_id: str | None = None,
+    task_context: Mapping[str, Any] | None = None,
+    base_url: str | None = None,
+    token: str | None = None,
+    wait_timeout_s: float = 300.0,
+) -> None:
+    """Serve a session's tools over MCP on stdin/stdout until the client closes stdin (or a signal arrives).
+
+    Args:
+        session_id: An existing session to serve (it is left running afterwards).
+        agent_type_id: Start a session of this type instead, and end it on exit (stdin closed, SIGTERM, SIGINT).
+        task_context: With ``agent_type_id``: the task's repository context.
+        base_url: The Corral server (default ``CORRAL_URL``).
+        token: The API token (default ``CORRAL_API_TOKEN``).
+        wait_timeout_s: How long a provisioning session may take before serving gives up.
+
+    Raises:
+        CorralError: The session or agent type does not exist, or the server is unreachable.
+        TimeoutError: The session still provisions after ``wait_timeout_s``.
+    """
+    if (session_id is None) == (agent_type_id is None):
+        raise InvalidRequestError("give exactly one of session_id and agent_type_id")
+    failure: Exception | None = None
+    async with AsyncCorral(base_url, token) as client, anyio.create_task_group() as group:
+        lifetime = _Lifetime(client)
+        group.start_soon(lifetime.exit_on_signal)
+        try:
+            await _run(lifetime, session_id=session_id, agent_type_id=agent_type_id or "",
+                       task_context=task_context, wait_timeout_s=wait_timeout_s)  # fmt: skip
+        except Exception as exc:  # re-raised below, so that it is not wrapped in the task group's ExceptionGroup
+            failure = exc
+        finally:
+            await lifetime.end()
+            group.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

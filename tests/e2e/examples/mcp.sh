@@ -1,0 +1,2 @@
+TYPE=$(corral agent-types create mcp-demo --tools bash,read)
+python mcp_client.py "$TYPE"

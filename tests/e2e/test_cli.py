@@ -1,0 +1,165 @@
+"""The ``corral`` command as a user runs it: real ``corral`` subprocesses against a real ``corral serve`` on gVisor,
+and the README's command-line example run as it is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import TOKEN, Server, free_port
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+CORRAL = [str(BIN / "corral")] if (BIN / "corral").exists() else [sys.executable, "-m", "corral.cli"]
+EXAMPLES = Path(__file__).parent / "examples"
+
+
+def _env(server: Server, **extra: str) -> dict[str, str]:
+    return {**os.environ, "CORRAL_URL": server.url, "CORRAL_API_TOKEN": TOKEN,
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}  # fmt: skip
+
+
+def corral(server: Server, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``corral ARGS`` as a subprocess with the server's URL and token in the environment."""
+    return subprocess.run([*CORRAL, *args], env=_env(server, **env), capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+
+
+def ok(server: Server, *args: str) -> str:
+    """Run ``corral ARGS``, require exit code 0, and return its stdout."""
+    proc = corral(server, *args)
+    assert proc.returncode == 0, f"corral {' '.join(args)}: {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], expected: str) -> None:
+    """Exit code 1, nothing on stdout, and exactly one stderr line: the expected ``error: code: message``."""
+    assert proc.returncode == 1, proc
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(expected), proc.stderr
+
+
+def test_providers_table_and_json(server: Server) -> None:
+    """``providers`` prints a table with each provider's status and ``--json`` the API's list."""
+    table = ok(server, "providers")
+    rows = {line.split()[0]: line.split()[1] for line in table.splitlines()[1:]}
+    assert rows["gvisor"] == "healthy" and rows["firecracker"] == "unhealthy"
+    assert {p["name"] for p in json.loads(ok(server, "providers", "--json"))} >= {"gvisor", "docker", "firecracker"}
+
+
+def test_workspace_lifecycle(server: Server) -> None:
+    """create prints the id; exec prints both streams and exits with the command's code (shell line, argv, JSON);
+    list, stop (exec then fails in one line), resume and rm work on it."""
+    created = corral(server, "workspaces", "create", "--provider", "gvisor", "--memory", "2G", "--meta", "team=qa")
+    assert created.returncode == 0, created.stderr
+    ws = created.stdout.strip()
+    assert f"workspace {ws} ready on gvisor" in created.stderr
+    try:
+        assert ws in ok(server, "workspaces", "list", "-q").split()
+        assert ws in ok(server, "workspaces", "list")
+        run = corral(server, "workspaces", "exec", ws, "echo out; echo err >&2; exit 7")
+        assert (run.returncode, run.stdout, run.stderr) == (7, "out\n", "err\n")
+        argv = corral(server, "workspaces", "exec", "--argv", "-e", "X=1", ws, "--", "printf", "%s|", "$X", "a b")
+        assert (argv.returncode, argv.stdout) == (0, "$X|a b|")
+        as_json = json.loads(ok(server, "workspaces", "exec", "--json", "--cwd", "/tmp", ws, "pwd"))
+        assert (as_json["exit_code"], as_json["stdout"]) == (0, "/tmp\n")
+        shown = json.loads(ok(server, "workspaces", "show", ws, "--json"))
+        assert (shown["resource_limits"]["memory"], shown["metadata"]) == ("2G", {"team": "qa"})
+
+        assert ok(server, "workspaces", "stop", ws) == f"{ws} stopped\n"
+        assert_one_line_error(corral(server, "workspaces", "exec", ws, "true"), "error: workspace_state_conflict: ")
+        assert ok(server, "workspaces", "resume", ws) == f"{ws} ready\n"
+        assert corral(server, "workspaces", "exec", ws, "true").returncode == 0
+    finally:
+        assert ok(server, "workspaces", "rm", ws) == f"{ws}\n"
+    assert json.loads(ok(server, "workspaces", "show", ws, "--json"))["status"] == "destroyed"
+    assert_one_line_error(corral(server, "workspaces", "exec", ws, "true"), "error: workspace_destroyed: ")
+
+
+def test_errors_are_one_line_with_exit_code_1(server: Server) -> None:
+    """An unknown workspace, an unknown provider, a wrong token and a server that is not there each give one
+    ``error: code: message`` line and exit code 1, never a traceback."""
+    assert_one_line_error(
+        corral(server, "workspaces", "show", "x"), "error: workspace_not_found: workspace 'x' does not exist"
+    )
+    assert_one_line_error(
+        corral(server, "workspaces", "create", "--provider", "nope"), "error: provider_not_found: unknown provider"
+    )
+    assert_one_line_error(corral(server, "workspaces", "list", CORRAL_API_TOKEN="wrong"), "error: unauthorized: ")
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    assert_one_line_error(
+        corral(server, "providers", CORRAL_URL=nowhere),
+        f"error: connection_error: cannot reach Corral at {nowhere}: connection refused",
+    )
+
+
+def test_agent_types_sessions_and_tools(server: Server) -> None:
+    """An agent type made with flags and reconfigured; a session started with --wait; tools called with a bare
+    value, --arg pairs and JSON; a refused tool is one error line; audit lists it; end ends it."""
+    name = f"cli-{secrets.token_hex(4)}"
+    type_id = ok(server, "agent-types", "create", name, "--tools", "bash,read,write", "--repo", "none").strip()
+    shown = json.loads(ok(server, "agent-types", "show", type_id, "--json"))
+    assert (shown["name"], shown["workspace"]["enabled"], shown["workspace"]["tools"]) == (
+        name, True, ["bash", "read", "write"],
+    )  # fmt: skip
+    config = json.loads(ok(server, "agent-types", "set-config", type_id, "--tools", "bash,read,edit", "--setup",
+                           "echo ready > setup.txt", "--json"))  # fmt: skip
+    assert (config["tools"], config["setup_commands"], config["enabled"]) == (
+        ["bash", "read", "edit"], ["echo ready > setup.txt"], True,
+    )  # fmt: skip
+    assert name in ok(server, "agent-types", "list")
+
+    started = corral(server, "sessions", "start", type_id, "--wait")
+    assert started.returncode == 0, started.stderr
+    session = started.stdout.strip()
+    assert f"session {session} active (workspace " in started.stderr
+    try:
+        bash = corral(server, "sessions", "tool", session, "bash", "cat setup.txt; cd /tmp; exit 5")
+        assert (bash.returncode, bash.stdout) == (5, "ready\n")
+        pwd = corral(server, "sessions", "tool", session, "bash", "-a", "command=pwd", "-a", "timeout_s:=10")
+        assert (pwd.returncode, pwd.stdout) == (0, "/tmp\n"), "one shell per session: cd carried over"
+        assert ok(server, "sessions", "tool", session, "read", "setup.txt") == "ready\n"
+        edit = '{"path": "setup.txt", "old_string": "ready", "new_string": "steady"}'
+        assert ok(server, "sessions", "tool", session, "edit", edit) == "1 replacement(s)\n"
+        read = json.loads(ok(server, "sessions", "tool", session, "read", "--json", "-a", "path=setup.txt"))
+        assert read == {"content": "steady\n", "total_lines": 1, "truncated": False}
+        assert_one_line_error(
+            corral(server, "sessions", "tool", session, "write", "-a", "path=x", "-a", "content=y"),
+            "error: tool_not_allowed: Tool 'write' is not enabled for this agent type",
+        )
+        audit = json.loads(ok(server, "sessions", "audit", session, "--json"))
+        assert [(e["tool"], e["status"]) for e in audit][-1] == ("write", "refused")
+        assert json.loads(ok(server, "sessions", "show", session, "--json"))["status"] == "active"
+    finally:
+        assert ok(server, "sessions", "end", session) == f"{session} ended\n"
+    assert_one_line_error(corral(server, "sessions", "tool", session, "bash", "ls"), "error: session_state_conflict: ")
+
+
+def test_readme_cli_example_runs_as_printed(server: Server) -> None:
+    """The README's shell example, run by bash with ``corral`` on PATH, prints what the README says and leaves no
+    workspace behind."""
+    script = (EXAMPLES / "cli.sh").read_text()
+    proc = subprocess.run(["bash", "-c", script], env=_env(server), capture_output=True, text=True, timeout=300,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    ws = lines[4].split()[0]
+    assert lines[:7] == ["hello from Linux", "exit code: 3", ".", "..", f"{ws} stopped", f"{ws} ready", ws]
+    assert lines[7:10] == ["hi from /tmp", "# notes", "AT        TOOL   STATUS   MS   ARGUMENTS"]
+    assert [line.split()[1:3] for line in lines[10:14]] == [
+        ["bash", "ok"], ["bash", "ok"], ["read", "ok"], ["write", "refused"],
+    ]  # fmt: skip
+    assert lines[14].endswith(" ended") and len(lines) == 15
+    assert "error: tool_not_allowed: Tool 'write' is not enabled for this agent type\n" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    remaining = server.client.get("/api/v1/agent/workspaces").json()["workspaces"]
+    assert ws not in [w["id"] for w in remaining]

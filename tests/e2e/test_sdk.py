@@ -1,0 +1,171 @@
+"""The Python SDK end to end: ``AsyncCorral`` and its sync twin ``Corral`` against a real ``corral serve`` on gVisor,
+and the README's SDK examples run as they are printed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from corral.agents.sessions import SessionNotFoundError, SessionStateError
+from corral.client import (
+    AsyncCorral,
+    Corral,
+    ProviderNotFoundError,
+    SandboxDestroyedError,
+    SandboxNotFoundError,
+    ToolError,
+    ToolNotAllowedError,
+    WorkspaceFileNotFoundError,
+    WorkspaceStateError,
+)
+from tests.e2e.conftest import TOKEN, Server
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES = Path(__file__).parent / "examples"
+TOOLS_BUT_GIT = ["bash", "read", "write", "edit", "grep", "glob"]
+
+
+@pytest.fixture
+async def corral(server: Server) -> AsyncIterator[AsyncCorral]:
+    """An async client for the module's server."""
+    async with AsyncCorral(server.url, TOKEN) as client:
+        yield client
+
+
+async def test_workspace_exec_and_files(corral: AsyncCorral) -> None:
+    """A gVisor workspace runs shell lines and argv lists (exit codes, cwd, env) and its files can be written,
+    read, listed, globbed, chmod-ed, moved and deleted; leaving ``async with`` destroys it."""
+    async with await corral.workspaces.create(provider="gvisor") as ws:
+        assert (ws.status, ws.info.provider) == ("ready", "gvisor")
+        result = await ws.exec("echo out; echo err >&2; exit 3")
+        assert (result.exit_code, result.stdout, result.stderr, result.ok) == (3, "out\n", "err\n", False)
+        assert (await ws.exec(["printf", "%s|", "a b", "$HOME"])).stdout == "a b|$HOME|", "argv: no shell"
+        assert (await ws.exec("pwd; echo $GREETING", cwd="/tmp", env={"GREETING": "hi"})).stdout == "/tmp\nhi\n"
+
+        assert await ws.files.write("dir/data.bin", bytes(range(256))) == 256
+        assert await ws.files.read("dir/data.bin") == bytes(range(256))
+        await ws.files.write("dir/run.sh", "#!/bin/sh\necho ran\n")
+        await ws.files.chmod("dir/run.sh", 0o755)
+        assert (await ws.files.stat("dir/run.sh")).mode == 0o755
+        assert (await ws.exec("./dir/run.sh")).stdout == "ran\n"
+        assert [f.name for f in await ws.files.list("dir")] == ["data.bin", "run.sh"]
+        assert [p.rsplit("/", 1)[-1] for p in await ws.files.glob("**/*.sh")] == ["run.sh"]
+        await ws.files.move("dir/run.sh", "bin/run.sh")
+        assert not await ws.files.exists("dir/run.sh") and await ws.files.exists("bin/run.sh")
+        await ws.files.delete("dir", recursive=True)
+        with pytest.raises(WorkspaceFileNotFoundError) as missing:
+            await ws.files.read("dir/data.bin")
+        assert isinstance(missing.value, FileNotFoundError)
+    assert ws.status == "destroyed"
+
+
+async def test_stop_resume_destroy_and_the_errors_they_lead_to(corral: AsyncCorral) -> None:
+    """Stop keeps /workspace and refuses exec (WorkspaceStateError), resume brings it back, destroy makes exec
+    raise SandboxDestroyedError; unknown ids and providers raise their typed errors."""
+    ws = await corral.workspaces.create(provider="gvisor")
+    try:
+        await ws.files.write("keep.txt", "kept")
+        assert (await ws.stop()).status == "stopped"
+        with pytest.raises(WorkspaceStateError):
+            await ws.exec("true")
+        assert (await ws.resume()).status == "ready"
+        assert await ws.files.read_text("keep.txt") == "kept"
+        assert ws.id in [w.id for w in await corral.workspaces.list()]
+    finally:
+        await ws.destroy()
+    with pytest.raises(SandboxDestroyedError):
+        await ws.exec("true")
+    assert (await corral.workspaces.get(ws.id)).status == "destroyed"
+    with pytest.raises(SandboxNotFoundError) as unknown:
+        await corral.workspaces.get("no-such-workspace")
+    assert isinstance(unknown.value, LookupError)
+    with pytest.raises(ProviderNotFoundError, match="unknown provider 'nope'"):
+        await corral.workspaces.create(provider="nope")
+
+
+async def test_providers_and_pool(corral: AsyncCorral) -> None:
+    """providers() shows gVisor healthy and Firecracker unhealthy with its reason; pool() reports the pools."""
+    statuses = {p.name: p for p in await corral.providers()}
+    assert statuses["gvisor"].healthy and statuses["gvisor"].last_check is not None
+    assert not statuses["firecracker"].healthy and statuses["firecracker"].error
+    report = await corral.pool()
+    assert all(p.target == 0 for p in report.pools), "the e2e server runs with CORRAL_WARM_POOL_SIZE=0"
+
+
+async def test_agent_type_session_and_tools(corral: AsyncCorral) -> None:
+    """An agent type is created and reconfigured; a session waits until active, its tools work (one shell per
+    session), a tool outside the type's list raises ToolNotAllowedError with the server's sentence and is
+    audited; ending it makes further calls a session_state_conflict."""
+    workspace = {"enabled": True, "tools": TOOLS_BUT_GIT}
+    agent_type = await corral.agent_types.create(f"sdk-{secrets.token_hex(4)}", workspace=workspace)
+    assert agent_type.tools == tuple(TOOLS_BUT_GIT)
+    config = {**agent_type.workspace, "setup_commands": ["echo ready > setup.txt"]}
+    assert (await corral.agent_types.set_config(agent_type.id, config))["setup_commands"] == ["echo ready > setup.txt"]
+    assert (await corral.agent_types.config(agent_type.id))["setup_commands"] == ["echo ready > setup.txt"]
+    assert agent_type.id in [t.id for t in await corral.agent_types.list()]
+
+    async with await corral.sessions.start(agent_type.id, wait=True) as session:
+        assert (session.status, session.info.degraded, session.info.warnings) == ("active", False, ())
+        tools = session.tools
+        await tools.bash("mkdir -p src && cd src && export NAME=corral")
+        assert (await tools.bash("pwd; echo $NAME")).stdout == "/workspace/src\ncorral\n"
+        assert await tools.write("src/app.py", "x = 1\ny = 1\n") == 12
+        assert (await tools.read("src/app.py", offset=2)).content == "y = 1\n"
+        with pytest.raises(ToolError, match="occurs 2 times"):
+            await tools.edit("src/app.py", " = 1", " = 2")  # ambiguous without replace_all
+        assert await tools.edit("src/app.py", " = 1", " = 2", replace_all=True) == 2
+        found = await tools.grep("= 2", include="*.py")
+        assert [(m.path, m.line_number) for m in found.matches] == [("src/app.py", 1), ("src/app.py", 2)]
+        assert (await tools.glob("**/*.py")).paths == ("src/app.py",)
+        with pytest.raises(ToolNotAllowedError) as refused:
+            await tools.git("status")
+        assert str(refused.value) == "Tool 'git' is not enabled for this agent type"
+        ws = await session.workspace()
+        assert ws is not None and await ws.files.read_text("setup.txt") == "ready\n"
+        assert ("git", "refused") in [(e.tool, e.status) for e in await session.audit()]
+    assert session.status == "ended"
+    with pytest.raises(SessionStateError):
+        await session.tools.bash("ls")
+    with pytest.raises(SessionNotFoundError):
+        await corral.sessions.get("no-such-session")
+
+
+def test_sync_twin_end_to_end(server: Server) -> None:
+    """The sync client does the same without await: create, exec, files, list, destroy on leaving ``with``."""
+    with Corral(server.url, TOKEN) as corral, corral.workspaces.create(provider="gvisor") as ws:
+        assert ws.exec(["echo", "sync"]).stdout == "sync\n"
+        assert ws.files.write("a.txt", "A") == 1
+        assert ws.files.read("a.txt") == b"A"
+        assert ws.id in [w.id for w in corral.workspaces.list()]
+    assert ws.status == "destroyed"
+
+
+def _run_example(server: Server, name: str) -> str:
+    env = {**os.environ, "CORRAL_URL": server.url, "CORRAL_API_TOKEN": TOKEN}
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_readme_sdk_examples_run_as_printed(server: Server) -> None:
+    """The README's async and sync SDK examples print what their comments say and leave no workspace behind."""
+    before = {w["id"] for w in server.client.get("/api/v1/agent/workspaces").json()["workspaces"]}
+    assert _run_example(server, "sdk_async.py").splitlines() == [
+        "0 hello from Linux",
+        "['hello.py']",
+        "True",
+        "[('src/app.py', 1)]",
+        "Tool 'bash' is not enabled for this agent type",
+        "[('write', 'ok'), ('grep', 'ok'), ('bash', 'refused')]",
+    ]
+    assert _run_example(server, "sdk_sync.py") == "same methods, no await\n"
+    after = {w["id"] for w in server.client.get("/api/v1/agent/workspaces").json()["workspaces"]}
+    assert after <= before

@@ -1,0 +1,170 @@
+"""The ``corral`` command's client side without a server: tool-argument parsing, config flags, one-line errors, exit
+codes, and the image build's progress display."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import typer
+from rich.console import Console
+from typer.testing import CliRunner
+
+import corral.client
+from corral.cli import BuildDisplay, _apply_config_flags, app, parse_tool_arguments
+
+pytestmark = pytest.mark.unit
+
+runner = CliRunner()
+
+
+def test_bare_value_fills_the_tools_main_argument() -> None:
+    """``bash 'ls'`` is the command, ``read a.txt`` the path, and ``git 'log -3'`` is split like a shell would."""
+    assert parse_tool_arguments("bash", "ls -la | wc -l", []) == {"command": "ls -la | wc -l"}
+    assert parse_tool_arguments("read", "a b.txt", []) == {"path": "a b.txt"}
+    assert parse_tool_arguments("git", "log --format='%h %s' -3", []) == {"args": ["log", "--format=%h %s", "-3"]}
+
+
+def test_json_object_file_and_pairs_combine() -> None:
+    """A JSON object (inline or @file) is the base; ``key=text`` adds strings and ``key:=json`` typed values."""
+    assert parse_tool_arguments("edit", '{"path": "a", "old_string": "x"}', ["new_string=y", "replace_all:=true"]) == {
+        "path": "a", "old_string": "x", "new_string": "y", "replace_all": True,
+    }  # fmt: skip
+    assert parse_tool_arguments("bash", None, ["command=echo a=b", "timeout_s:=30"]) == {
+        "command": "echo a=b", "timeout_s": 30,
+    }  # fmt: skip
+    assert parse_tool_arguments("git", None, ['args:=["status", "--short"]']) == {"args": ["status", "--short"]}
+
+
+def test_arguments_from_a_file(tmp_path: Path) -> None:
+    """``@file`` reads the JSON object from a file."""
+    path = tmp_path / "args.json"
+    path.write_text('{"pattern": "**/*.py"}')
+    assert parse_tool_arguments("glob", f"@{path}", []) == {"pattern": "**/*.py"}
+
+
+@pytest.mark.parametrize(
+    ("tool", "value", "pairs", "problem"),
+    [
+        ("bash", None, ["command"], "expected key=value or key:=json"),
+        ("bash", None, ["timeout_s:=soon"], "not valid JSON"),
+        ("read", "{not json", [], "not valid JSON"),
+        ("read", "@/nonexistent/args.json", [], "cannot read"),
+        ("frobnicate", "x", [], "takes a JSON object or --arg"),
+    ],
+)
+def test_bad_tool_arguments_are_usage_errors(tool: str, value: str | None, pairs: list[str], problem: str) -> None:
+    """Malformed pairs, invalid JSON and a bare value for a tool without a main argument are BadParameter."""
+    with pytest.raises(typer.BadParameter, match=problem):
+        parse_tool_arguments(tool, value, pairs)
+
+
+def test_config_flags_enable_and_merge() -> None:
+    """Any workspace flag enables the workspace; --repo spells the source; other fields of the base are kept."""
+    base = {"enabled": False, "network": "default", "tools": ["read"]}
+    merged = _apply_config_flags(base, enabled=None, tools="bash, read", repo="task", branch="main", setup=["make"],
+                                 provider=None)  # fmt: skip
+    assert merged == {
+        "enabled": False, "network": "default", "tools": ["bash", "read"],
+        "repo_source": {"type": "task_context", "url": None, "branch": "main"}, "setup_commands": ["make"],
+    }, "an explicit enabled in the base is kept"  # fmt: skip
+    fresh = _apply_config_flags({}, enabled=None, tools=None, repo="https://git.example/r.git", branch=None, setup=[],
+                                provider="gvisor")  # fmt: skip
+    assert fresh == {"enabled": True, "provider": "gvisor",
+                     "repo_source": {"type": "fixed", "url": "https://git.example/r.git"}}  # fmt: skip
+    assert _apply_config_flags({}, enabled=None, tools=None, repo=None, branch=None, setup=[], provider=None) == {}
+
+
+def _serve(monkeypatch: pytest.MonkeyPatch, handler: Callable[[httpx.Request], httpx.Response]) -> None:
+    """Make the CLI's client talk to ``handler`` instead of the network."""
+    real = corral.client.Corral
+
+    def fake(base_url: str | None = None, token: str | None = None, **kwargs: Any) -> corral.client.Corral:
+        return real(base_url, token, transport=httpx.MockTransport(handler))
+
+    monkeypatch.setattr(corral.client, "Corral", fake)
+
+
+def test_server_error_is_one_line_and_exit_code_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server error prints ``error: code: message`` on one stderr line, nothing on stdout, and exits 1."""
+    body = {"error": {"code": "workspace_not_found", "message": "workspace 'x' does not exist", "details": {}}}
+    _serve(monkeypatch, lambda _: httpx.Response(404, json=body))
+    result = runner.invoke(app, ["workspaces", "show", "x"])
+    assert result.exit_code == 1
+    assert result.stderr == "error: workspace_not_found: workspace 'x' does not exist\n"
+    assert result.stdout == ""
+
+
+def test_connection_refused_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreachable server is one ``error: connection_error: ...`` line naming the URL."""
+
+    def refuse(_: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("All connection attempts failed") from ConnectionRefusedError(111, "refused")
+
+    _serve(monkeypatch, refuse)
+    result = runner.invoke(app, ["--url", "http://127.0.0.1:9", "providers"])
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: connection_error: cannot reach Corral at http://127.0.0.1:9:")
+
+
+def test_exec_prints_both_streams_and_exits_with_the_commands_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """exec writes the command's stdout and stderr to its own and exits with the command's exit code; the words
+    after the workspace id are the command, ``--`` dropped."""
+    workspace = {"id": "w1", "status": "ready"}
+    sent: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/exec"):
+            sent.append(json.loads(request.content))
+            return httpx.Response(200, json={"exit_code": 3, "stdout": "out\n", "stderr": "err\n",
+                                             "duration_ms": 1.0, "timed_out": False, "truncated": False})  # fmt: skip
+        return httpx.Response(200, json=workspace)
+
+    _serve(monkeypatch, handler)
+    result = runner.invoke(app, ["workspaces", "exec", "--argv", "w1", "--", "ls", "-la"])
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert sent == [{"command": "ls", "args": ["-la"], "mode": "argv"}]
+
+
+def test_image_build_off_a_terminal_prints_every_line_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a terminal (make, CI) every progress line goes to stderr unchanged, and the up-to-date and failure
+    messages are the ones scripts already know."""
+    lines = ["compiling the statx shim for gVisor", "  gcc ok", "built corral/workspace:base"]
+
+    def build(tag: str, *, if_missing: bool, progress: Callable[[str], None]) -> bool:
+        for line in lines:
+            progress(line)
+        return not if_missing
+
+    monkeypatch.setattr("corral.images.base.build_base_image", build)
+    result = runner.invoke(app, ["image", "build"])
+    assert (result.exit_code, result.stderr) == (0, "".join(f"{line}\n" for line in lines))
+    result = runner.invoke(app, ["image", "build", "--if-missing", "--tag", "x:y"])
+    assert result.stderr.endswith("corral: x:y is up to date\n")
+
+    def broken(tag: str, *, if_missing: bool, progress: Callable[[str], None]) -> bool:
+        raise RuntimeError("mmdebstrap failed: no network")
+
+    monkeypatch.setattr("corral.images.base.build_base_image", broken)
+    result = runner.invoke(app, ["image", "build"])
+    assert (result.exit_code, result.stderr) == (1, "corral: image build failed: mmdebstrap failed: no network\n")
+
+
+def test_image_build_on_a_terminal_shows_a_spinner_and_ticks_finished_steps() -> None:
+    """On a terminal each finished step gets a check mark; tool output only feeds the spinner (unless verbose)."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100, color_system=None)
+    with BuildDisplay(console) as display:
+        display.line("compiling the statx shim for gVisor")
+        display.line("  secret tool chatter")
+        display.line("importing 200 MiB root filesystem")
+    text = out.getvalue()
+    assert "✓ compiling the statx shim for gVisor" in text
+    assert "✓ importing 200 MiB root filesystem" in text
+    assert "secret tool chatter" not in text.split("✓ compiling")[1].split("\n")[0]
