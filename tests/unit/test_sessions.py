@@ -43,9 +43,7 @@ async def agents(tmp_path: Path, fakes: dict[str, FakeProvider]) -> AsyncIterato
 
 async def _session(agents: AgentService, workspace: dict[str, object]) -> str:
     agent_type = await agents.create_type("t", workspace)
-    session = await agents.start(agent_type.id, TaskContext())
-    assert session.status == "provisioning"
-    return session.id
+    return (await agents.start(agent_type.id, TaskContext())).id
 
 
 async def test_limits_fall_back_to_the_workspace_defaults(agents: AgentService) -> None:
@@ -66,11 +64,21 @@ async def test_a_matching_warm_workspace_is_assigned(agents: AgentService) -> No
     spec = PoolSpec("gvisor", service.settings.base_image, service.default_limits(), "isolated", size=1)
     service.pools = WarmPools(service, [spec])
     assert await service.pools.refill(spec.key) == 1
-    session = await agents.wait_provisioned(await _session(agents, {"enabled": True}))
+    agent_type = await agents.create_type("t", {"enabled": True})
+    session = await agents.start(agent_type.id, TaskContext())
+    # Nothing to check out or set up and a warm workspace at hand: active in the same request.
     assert session.status == "active" and session.workspace_id is not None
     record = await service.get(session.workspace_id)
     assert record.from_warm_pool is True
     assert record.metadata["session_id"] == session.id
+
+
+async def test_a_session_with_setup_work_provisions_in_the_background(agents: AgentService) -> None:
+    """A session that has setup commands to run starts provisioning, and becomes active once they ran."""
+    agent_type = await agents.create_type("s", {"enabled": True, "setup_commands": ["true"]})
+    session = await agents.start(agent_type.id, TaskContext())
+    assert session.status == "provisioning"
+    assert (await agents.wait_provisioned(session.id)).status == "active"
 
 
 async def test_a_failed_provision_is_retried_once_on_the_fallback_provider(

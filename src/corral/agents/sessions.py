@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -119,9 +120,24 @@ class AgentService:
     # --- sessions ----------------------------------------------------------------------------------------------
 
     async def start(self, agent_type_id: str, task: TaskContext) -> SessionRecord:
-        """Create the session and start provisioning in the background."""
+        """Create the session and start provisioning in the background.
+
+        When there is nothing to check out or set up and a warm workspace matches, the session is active at once.
+        """
         agent_type = await self.get_type(agent_type_id)
         config = config_from_json(agent_type.workspace_config)
+        if config.enabled and _nothing_to_prepare(config, task):
+            session_id = uuid.uuid4().hex
+            warm = await self.workspaces.create_if_warm(self._workspace_request(session_id, config, task))
+            if warm is not None:
+                return await self.store.sessions.create(
+                    agent_type_id,
+                    id=session_id,
+                    task_context=task.to_json(),
+                    workspace_config=config.to_json(),
+                    status="active",
+                    workspace_id=warm.id,
+                )
         session = await self.store.sessions.create(
             agent_type_id,
             task_context=task.to_json(),
@@ -133,6 +149,20 @@ class AgentService:
             self._tasks[session.id] = job
             job.add_done_callback(lambda _: self._tasks.pop(session.id, None))
         return session
+
+    def _workspace_request(
+        self, session_id: str, config: WorkspaceConfig, task: TaskContext, *, provider: str | None = None,
+        exclude: frozenset[str] = frozenset(),
+    ) -> CreateWorkspace:  # fmt: skip
+        return CreateWorkspace(
+            provider=provider or config.provider,
+            container_type=config.container_type,
+            limits=ResourceLimits.parse(config.resource_limits, defaults=self.workspaces.default_limits()),
+            base_image=config.base_image,
+            network=config.network,
+            metadata=_metadata(session_id, task, _repository(config, task)),
+            exclude=exclude,
+        )
 
     async def get(self, session_id: str) -> SessionRecord:
         """The session; raises a 404-mapped error when unknown."""
@@ -228,8 +258,6 @@ class AgentService:
 
     async def _provision(self, session_id: str, config: WorkspaceConfig, task: TaskContext) -> None:
         repo = _repository(config, task)
-        limits = ResourceLimits.parse(config.resource_limits, defaults=self.workspaces.default_limits())
-        metadata = _metadata(session_id, task, repo)
         failures: list[str] = []
         tried: set[str] = set()
         for attempt in (1, 2):
@@ -237,19 +265,12 @@ class AgentService:
             workspace_id = None
             try:
                 record = await self.workspaces.create(
-                    CreateWorkspace(
-                        provider=provider,
-                        container_type=config.container_type,
-                        limits=limits,
-                        base_image=config.base_image,
-                        network=config.network,
-                        metadata=metadata,
-                        exclude=frozenset(tried),
-                    )
+                    self._workspace_request(session_id, config, task, provider=provider, exclude=frozenset(tried))
                 )
                 workspace_id = record.id
                 tried.add(record.provider or "")
-                await self.store.sessions.update(session_id, workspace_id=workspace_id)
+                if not _nothing_to_prepare(config, task):  # long work ahead: let the session know its workspace
+                    await self.store.sessions.update(session_id, workspace_id=workspace_id)
                 if repo is not None and config.checkout_on_start:
                     await checkout(await self.workspaces.provider_of(workspace_id), workspace_id, repo)
                 warnings = await self._run_setup(workspace_id, config)
@@ -268,7 +289,7 @@ class AgentService:
             if warnings:
                 await self.store.sessions.add_warnings(session_id, *warnings)
                 await self.store.workspaces.add_warnings(workspace_id, *warnings)
-            await self.store.sessions.update(session_id, status="active")
+            await self.store.sessions.update(session_id, status="active", workspace_id=workspace_id)
             return
         reason = "workspace provisioning failed twice; the session runs without a workspace: " + " | ".join(failures)
         log.error("session %s: %s", session_id, reason)
@@ -330,6 +351,12 @@ class SessionDegradedError(CorralError):
 
     code = "session_degraded"
     http_status = 409
+
+
+def _nothing_to_prepare(config: WorkspaceConfig, task: TaskContext) -> bool:
+    """No checkout and no setup commands: the workspace is ready the moment it exists."""
+    no_checkout = _repository(config, task) is None or not config.checkout_on_start
+    return no_checkout and not config.setup_commands
 
 
 def _repository(config: WorkspaceConfig, task: TaskContext) -> RepoRef | None:

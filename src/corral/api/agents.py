@@ -17,7 +17,7 @@ __all__ = ["router"]
 router = APIRouter(tags=["agents"])
 
 
-def _agents(request: Request) -> AgentService:
+async def _agents(request: Request) -> AgentService:
     service: AgentService = request.app.state.agents
     return service
 

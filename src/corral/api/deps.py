@@ -13,7 +13,9 @@ from corral.orchestrator.service import WorkspaceService
 __all__ = ["ServiceDep", "require_token"]
 
 
-def require_token(request: Request) -> None:
+# Dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a worker thread, which cost
+# about a millisecond per request on the exec hot path.
+async def require_token(request: Request) -> None:
     """Check ``Authorization: Bearer <CORRAL_API_TOKEN>`` in constant time."""
     expected: str = request.app.state.api_token
     header = request.headers.get("authorization", "")
@@ -22,7 +24,7 @@ def require_token(request: Request) -> None:
         raise HTTPException(401, "missing or wrong bearer token; send 'Authorization: Bearer <CORRAL_API_TOKEN>'")
 
 
-def _service(request: Request) -> WorkspaceService:
+async def _service(request: Request) -> WorkspaceService:
     service: WorkspaceService = request.app.state.service
     return service
 

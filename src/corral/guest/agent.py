@@ -29,6 +29,7 @@ import errno
 import glob as globlib
 import json
 import os
+import queue
 import select
 import shutil
 import signal
@@ -92,6 +93,7 @@ class Agent:
         self.inp = inp
         self.out = out
         self.out_lock = threading.Lock()
+        self.workers = Workers()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # exec id -> Popen, for kill
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.base_env = dict(os.environ)
@@ -172,7 +174,7 @@ class Agent:
             self.send({"id": rid, "ev": "error", "kind": "invalid", "message": f"unknown operation {op!r}"})
             return
         if op in ("exec", "read", "glob", "usage"):
-            threading.Thread(target=self.guarded, args=(handler, rid, h), daemon=True).start()
+            self.workers.submit(self.guarded, handler, rid, h)
         else:
             self.result(rid, handler(h))
 
@@ -340,6 +342,30 @@ class Agent:
                 with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
         return {"bytes": total}
+
+
+class Workers:
+    """Daemon threads that are reused: starting a thread costs about 1.5 ms under gVisor's ptrace platform."""
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
+        self.idle = 0
+        self.lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self.lock:
+            if self.idle:
+                self.idle -= 1
+            else:
+                threading.Thread(target=self.run, daemon=True).start()
+        self.jobs.put((fn, args))
+
+    def run(self) -> None:
+        while True:
+            fn, args = self.jobs.get()
+            fn(*args)  # guarded: never raises
+            with self.lock:
+                self.idle += 1
 
 
 def file_info(path: str) -> Header:

@@ -14,22 +14,24 @@ import asyncio
 import collections
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from corral.errors import CorralError, InvalidRequestError
-from corral.providers.base import ResourceLimits, SandboxState, WorkspaceSpec
-from corral.store import WorkspaceRecord
+from corral.providers.base import DeathWatcher, ResourceLimits, WorkspaceSpec
+from corral.store import UNSET, ProviderAttempt, Unset, WorkspaceRecord
 
 if TYPE_CHECKING:
     from corral.orchestrator.service import WorkspaceService
     from corral.settings import Settings
 
-__all__ = ["PoolSpec", "WarmPools", "pool_specs"]
+__all__ = ["Claim", "PoolSpec", "WarmPools", "pool_specs"]
 
 log = logging.getLogger(__name__)
 FILL_CONCURRENCY = 2
 RETRY_AFTER_FAILURE_S = 30.0
+REFILL_DELAY_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,16 @@ def _parse_pool(raw: object, where: str, settings: Settings, service: WorkspaceS
     if limits is not None and not isinstance(limits, dict):
         raise InvalidRequestError(f'{where}: resource_limits must be an object like {{"cpu": "1"}}')
     return PoolSpec(provider, image, ResourceLimits.parse(limits, defaults=service.default_limits()), network, size)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a request writes on the warm workspace it takes."""
+
+    requested_provider: str | Unset = UNSET
+    metadata: Mapping[str, Any] | Unset = UNSET
+    warnings: Sequence[str] | Unset = UNSET
+    provider_attempts: Sequence[ProviderAttempt] | Unset = UNSET
 
 
 @dataclass
@@ -208,9 +220,20 @@ class WarmPools:
     # --- handing out ---------------------------------------------------------------------------------------------
 
     async def acquire(
-        self, provider: str, image: str, limits: ResourceLimits, network: str, container_type: str = "agent_workspace"
+        self,
+        provider: str,
+        image: str,
+        limits: ResourceLimits,
+        network: str,
+        container_type: str = "agent_workspace",
+        *,
+        claim: Claim | None = None,
     ) -> WorkspaceRecord | None:
-        """A warm workspace of exactly this shape from ``provider``'s pool, or None (the miss is logged)."""
+        """A warm workspace of exactly this shape from ``provider``'s pool, or None (the miss is logged).
+
+        ``claim`` holds what the request sets on the workspace; the claim writes it in the same statement.
+        """
+        claim = claim or Claim()
         key = pool_key(provider, image, limits, network)
         state = self._pools.get(key)
         if state is not None and container_type != "agent_workspace":
@@ -223,29 +246,37 @@ class WarmPools:
             self._record_unpooled_miss(provider, image, limits, network)
             return None
         while True:
-            record = await self.service.store.workspaces.claim_from_pool(key)
+            record = await self.service.store.workspaces.claim_from_pool(
+                key,
+                requested_provider=claim.requested_provider,
+                container_type=container_type,
+                metadata=claim.metadata,
+                warnings=claim.warnings,
+                provider_attempts=claim.provider_attempts,
+            )
             if record is None:
                 state.misses += 1
                 state.miss_reasons["pool empty"] += 1
                 log.info("warm pool miss (pool empty) for %s; cold start", key)
                 self.schedule_refill(key)
                 return None
-            self.schedule_refill(key)
-            if await self._alive(record):
+            # Refill a moment later, so its database writes do not queue before the requester's.
+            self._later(REFILL_DELAY_S, key)
+            if self._alive(record):
                 state.hits += 1
                 return record
             # It died while waiting (killed from outside); drop it and try the next one.
             log.warning("warm workspace %s was not running; discarding it", record.id)
             await self.service.discard(record.id)
 
-    async def _alive(self, record: WorkspaceRecord) -> bool:
-        provider = self.service.providers.get(record.provider or "")
+    def _alive(self, record: WorkspaceRecord) -> bool:
+        """No I/O on the hand-out path: providers that watch their runtime say whether it died since."""
+        provider: object = self.service.providers.get(record.provider or "")
         if provider is None:
             return False
-        try:
-            return await provider.state(record.id) is SandboxState.RUNNING
-        except CorralError:
-            return False
+        if isinstance(provider, DeathWatcher):
+            return not provider.known_dead(record.id)
+        return True  # unknown: a dead one shows at first use, and reconciliation cleans it up
 
     def _record_unpooled_miss(self, provider: str, image: str, limits: ResourceLimits, network: str) -> None:
         """Count a miss on the pool it came closest to, with the reason, and log it."""

@@ -32,7 +32,7 @@ from corral.errors import (
 )
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.paths import confine
-from corral.orchestrator.pool import WarmPools
+from corral.orchestrator.pool import Claim, WarmPools
 from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.providers.base import (
     WORKSPACE_ROOT,
@@ -141,16 +141,7 @@ class WorkspaceService:
             ProviderUnavailableError: the explicit provider failed (no fallback), with its reason.
             AllProvidersFailedError: auto selection exhausted the chain; lists every provider and reason.
         """
-        if request.network not in ("isolated", "default"):
-            raise InvalidRequestError(
-                f"network: {request.network!r} is not allowed; use 'isolated' or 'default'",
-                details={"field": "network"},
-            )
-        if request.container_type not in ("agent_workspace", "mcp_server"):
-            raise InvalidRequestError(
-                f"container_type: {request.container_type!r} is not allowed; use 'agent_workspace' or 'mcp_server'",
-                details={"field": "container_type"},
-            )
+        self._validate(request)
         try_order, skipped = self.plan(request.provider, request.container_type)
         if request.provider == "auto" and request.exclude:
             skipped += [(p, "excluded: it failed this request before") for p in try_order if p in request.exclude]
@@ -223,24 +214,42 @@ class WorkspaceService:
             raise ProviderUnavailableError(name, reason, details={"workspace_id": workspace_id})
         raise AllProvidersFailedError(attempts)
 
+    @staticmethod
+    def _validate(request: CreateWorkspace) -> None:
+        if request.network not in ("isolated", "default"):
+            raise InvalidRequestError(
+                f"network: {request.network!r} is not allowed; use 'isolated' or 'default'",
+                details={"field": "network"},
+            )
+        if request.container_type not in ("agent_workspace", "mcp_server"):
+            raise InvalidRequestError(
+                f"container_type: {request.container_type!r} is not allowed; use 'agent_workspace' or 'mcp_server'",
+                details={"field": "container_type"},
+            )
+
+    async def create_if_warm(self, request: CreateWorkspace) -> WorkspaceRecord | None:
+        """A warm workspace for this request if a pool has one, else None (no cold start is attempted)."""
+        self._validate(request)
+        try_order, skipped = self.plan(request.provider, request.container_type)
+        return await self._from_pool(request, try_order, skipped, request.base_image or self.settings.base_image)
+
     async def _from_pool(
         self, request: CreateWorkspace, try_order: list[str], skipped: list[tuple[str, str]], image: str
     ) -> WorkspaceRecord | None:
         """A warm workspace when the provider selection chose and the rest of the pool key match."""
         if self.pools is None or not try_order:
             return None
-        warm = await self.pools.acquire(try_order[0], image, request.limits, request.network, request.container_type)
-        if warm is None:
-            return None
-        record = await self.store.workspaces.update(
-            warm.id,
+        claim = Claim(
             requested_provider=request.provider,
-            container_type=request.container_type,
             metadata=request.metadata,
-            provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
             warnings=self._provider_warnings(try_order[0]),
+            provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
         )
-        self._live[record.id] = (try_order[0], "ready")
+        record = await self.pools.acquire(
+            try_order[0], image, request.limits, request.network, request.container_type, claim=claim
+        )
+        if record is not None:
+            self._live[record.id] = (try_order[0], "ready")
         return record
 
     @staticmethod

@@ -33,6 +33,7 @@ from corral.errors import InvalidRequestError
 __all__ = [
     "WORKSPACE_ROOT",
     "Capabilities",
+    "DeathWatcher",
     "DiskUsageReporter",
     "ExecExit",
     "ExecMode",
@@ -426,3 +427,11 @@ class DiskUsageReporter(Protocol):
 
     async def disk_usage(self, workspace_id: str) -> int:
         """Bytes used under /workspace."""
+
+
+@runtime_checkable
+class DeathWatcher(Protocol):
+    """Optional sub-interface of providers that watch their runtime for workspaces dying on their own."""
+
+    def known_dead(self, workspace_id: str) -> bool:
+        """True when the workspace is known to have stopped since it was created or resumed (no I/O)."""

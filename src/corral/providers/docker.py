@@ -70,6 +70,7 @@ LABEL_OWNER = "corral.owner"
 # SYS_CHROOT, AUDIT_WRITE, SETPCAP, NET_BIND_SERVICE, SETFCAP...) is dropped.
 WORKSPACE_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 AGENT_START_TIMEOUT_S = 30.0
+WARMUP_CONCURRENCY = 2
 EXEC_GRACE_S = 15.0
 """How long past a command's own deadline the host waits for the agent to report the kill, before giving up."""
 
@@ -122,6 +123,8 @@ class DockerProvider:
         self._startup_ms: float | None = None
         self._events_task: asyncio.Task[None] | None = None
         self._warmups: dict[str, asyncio.Task[None]] = {}
+        self._dead: set[str] = set()  # containers that died since their create/resume, from the event stream
+        self._warmup_slots = asyncio.Semaphore(WARMUP_CONCURRENCY)
         self._agent_source = _agent_source()
 
     # --- what differs between runc and runsc -------------------------------------------------------------------
@@ -149,12 +152,6 @@ class DockerProvider:
         """Create the volume and the container and start it (see the module docstring)."""
         started = time.monotonic()
         await self.check_runtime()
-        if not await self._call(self.engine.image_exists(spec.image)):
-            raise InvalidRequestError(
-                f"base_image: image {spec.image!r} is not present on this host; Corral never pulls images. "
-                "Build the default one with `corral image build` (make bootstrap does it).",
-                details={"field": "base_image", "image": spec.image},
-            )
         self.on_create(spec)
         labels = self._labels(spec.id)
         try:
@@ -171,7 +168,12 @@ class DockerProvider:
         self._warmups[spec.id] = task
         task.add_done_callback(lambda _: self._warmups.pop(spec.id, None))
 
+    def known_dead(self, workspace_id: str) -> bool:
+        """True when the event stream saw the container die since it was started (see :class:`DeathWatcher`)."""
+        return workspace_id in self._dead
+
     async def _start_container(self, spec: WorkspaceSpec) -> None:
+        self._dead.discard(spec.id)
         config = self._container_config(spec)
         name = container_name(spec.id)
         try:
@@ -180,7 +182,7 @@ class DockerProvider:
         except DockerAPIError as exc:
             with contextlib.suppress(Exception):
                 await self.engine.remove_container(name)
-            raise self._translate(exc, spec.id) from exc
+            raise self._translate(exc, spec.id, image=spec.image) from exc
 
     def _container_config(self, spec: WorkspaceSpec) -> dict[str, Any]:
         limits = spec.limits
@@ -269,8 +271,10 @@ class DockerProvider:
     # --- the agent ---------------------------------------------------------------------------------------------
 
     async def _connect_quietly(self, workspace_id: str) -> None:
-        with contextlib.suppress(CorralError, GuestConnectionLost):
-            await self._agent(workspace_id)
+        # Bounded: an agent start costs ~0.3 s of CPU under gVisor, and 50 at once would starve the creates.
+        async with self._warmup_slots:
+            with contextlib.suppress(CorralError, GuestConnectionLost):
+                await self._agent(workspace_id)
 
     async def _agent(self, workspace_id: str) -> GuestConnection:
         conn = self._agents.get(workspace_id)
@@ -320,6 +324,8 @@ class DockerProvider:
             try:
                 async for event in self.engine.events(filters):
                     workspace_id = (event.get("Actor", {}).get("Attributes") or {}).get(LABEL_ID)
+                    if workspace_id:
+                        self._dead.add(workspace_id)
                     conn = self._agents.pop(workspace_id, None) if workspace_id else None
                     if conn is not None:
                         log.info(
@@ -546,8 +552,15 @@ class DockerProvider:
         except DockerAPIError as exc:
             raise self._translate(exc, None) from exc
 
-    def _translate(self, exc: DockerAPIError, workspace_id: str | None) -> CorralError:
+    def _translate(self, exc: DockerAPIError, workspace_id: str | None, image: str | None = None) -> CorralError:
         message = exc.message
+        if image is not None and exc.status == 404 and "no such image" in message.lower():
+            # Container create never pulls (only the CLI's `docker run` does), so a missing image ends here.
+            return InvalidRequestError(
+                f"base_image: image {image!r} is not present on this host; Corral never pulls images. "
+                "Build the default one with `corral image build` (make bootstrap does it).",
+                details={"field": "base_image", "image": image},
+            )
         if exc.status == 0:
             return ProviderUnavailableError(self.name, message)
         if "unknown runtime" in message.lower():

@@ -790,6 +790,11 @@ class FakeProvider:
             workspace.running = True
             workspace.halt = asyncio.Event()
 
+    def known_dead(self, workspace_id: str) -> bool:
+        """True when the workspace is gone or stopped (the fake sees its whole runtime; see DeathWatcher)."""
+        workspace = self._workspaces.get(workspace_id)
+        return workspace is None or not workspace.running
+
     async def state(self, workspace_id: str) -> SandboxState:
         """Running, stopped or missing."""
         self.calls.append(("state", workspace_id))

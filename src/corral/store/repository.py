@@ -446,11 +446,21 @@ class WorkspaceRepository:
             raise SandboxNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
         return WorkspaceRecord._from_row(row)
 
-    async def claim_from_pool(self, pool_key: str) -> WorkspaceRecord | None:
+    async def claim_from_pool(
+        self,
+        pool_key: str,
+        *,
+        requested_provider: str | Unset = UNSET,
+        container_type: str | Unset = UNSET,
+        metadata: Mapping[str, Any] | Unset = UNSET,
+        warnings: Sequence[str] | Unset = UNSET,
+        provider_attempts: Sequence[ProviderAttempt] | Unset = UNSET,
+    ) -> WorkspaceRecord | None:
         """Take the oldest ``ready`` workspace out of the warm pool ``pool_key``, or ``None`` if the pool is empty.
 
         The claim is atomic: concurrent callers never get the same workspace. The claimed workspace has
-        ``pool_key=None``, ``from_warm_pool=True`` and ``last_used_at`` set to now.
+        ``pool_key=None``, ``from_warm_pool=True`` and ``last_used_at`` set to now; the other fields given are set
+        in the same statement (one write on the hot path of a warm start).
         """
         now = utcnow()
         candidate = (
@@ -466,12 +476,20 @@ class WorkspaceRepository:
         # The pool_key test again: a row claimed and committed by another caller after this statement's snapshot is
         # re-checked under its lock and dropped.
         where = (WorkspaceRow.id == candidate) & (WorkspaceRow.pool_key == pool_key)
-        values = {
-            WorkspaceRow.pool_key: None,
-            WorkspaceRow.from_warm_pool: True,
-            WorkspaceRow.last_used_at: now,
-            WorkspaceRow.updated_at: now,
-        }
+        values = _given(
+            {
+                WorkspaceRow.pool_key: None,
+                WorkspaceRow.from_warm_pool: True,
+                WorkspaceRow.last_used_at: now,
+                WorkspaceRow.requested_provider: requested_provider,
+                WorkspaceRow.container_type: container_type,
+                WorkspaceRow.metadata_: _plain(metadata),
+                WorkspaceRow.warnings: _plain(warnings),
+                WorkspaceRow.provider_attempts: _attempts(provider_attempts),
+            },
+            updated_at=WorkspaceRow.updated_at,
+            now=now,
+        )
         with _database_errors():
             async with self._sessions.begin() as session:
                 row = await _update_returning(session, WorkspaceRow, where, values)
