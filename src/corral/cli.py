@@ -228,6 +228,39 @@ def image_build(
         typer.echo(f"corral: {tag} is up to date", err=True)
 
 
+@image_app.command("build-rootfs")
+def image_build_rootfs(
+    *,
+    output: Annotated[Path, typer.Option(help="the ext4 image to write")],
+    image: Annotated[str, typer.Option(help="the container image to start from")] = "corral/workspace:base",
+    if_missing: Annotated[bool, typer.Option("--if-missing", help="skip when an up-to-date rootfs exists")] = False,
+) -> None:
+    """Build the microVM root filesystem (base image + init + agent) as an ext4 image."""
+    from corral.microvm.rootfs import build_rootfs_sync
+
+    try:
+        build_rootfs_sync(output, image=image, if_missing=if_missing, progress=lambda line: typer.echo(line, err=True))
+    except (RuntimeError, OSError) as exc:
+        typer.echo(f"corral: rootfs build failed: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command("firecracker-manager")
+def firecracker_manager(
+    *,
+    host: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to bind")] = 8100,
+    uds: Annotated[str | None, typer.Option(help="listen on this Unix socket instead")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Serve the Firecracker manager's HTTP API (GET /health, /vms ...) for CORRAL_FIRECRACKER_MANAGER_URL."""
+    from corral.microvm.server import serve_manager
+    from corral.settings import Settings
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve_manager(Settings(), host=host, port=port, uds=uds, log_level=log_level)
+
+
 class BuildDisplay:
     """Shows ``build_base_image``'s progress lines: on a terminal, a spinner naming the current step with its
     latest output line (every line with ``--verbose``), and a check mark per finished step; elsewhere (logs, CI),

@@ -57,6 +57,31 @@ class Settings(BaseSettings):
     firecracker_rootfs: str | None = None
     """CORRAL_FIRECRACKER_ROOTFS: the base ext4 root filesystem of microVMs."""
 
+    firecracker_manager_url: str | None = None
+    """CORRAL_FIRECRACKER_MANAGER_URL: a standalone manager (``http://host:port`` or ``unix:/path``); unset, the
+    manager runs inside ``corral serve``."""
+
+    firecracker_state_dir: Path | None = None
+    """CORRAL_FIRECRACKER_STATE_DIR: VM disks, sockets and metadata (default ``data_dir/firecracker``)."""
+
+    firecracker_subnet: str = "172.31.0.0/16"
+    """CORRAL_FIRECRACKER_SUBNET: private addresses for microVMs, one /30 each."""
+
+    firecracker_egress_interface: str | None = None
+    """CORRAL_FIRECRACKER_EGRESS_INTERFACE: where default-network VMs are NATed out (default: the default route's)."""
+
+    firecracker_dns: str = ""
+    """CORRAL_FIRECRACKER_DNS: comma-separated DNS servers handed to guests."""
+
+    firecracker_netns: str | None = None
+    """CORRAL_FIRECRACKER_NETNS: run VM networking inside this network namespace."""
+
+    firecracker_max_vms: int = Field(32, ge=1)
+    """CORRAL_FIRECRACKER_MAX_VMS: the most microVMs at once."""
+
+    firecracker_warm_pool_size: int = Field(0, ge=0)
+    """CORRAL_FIRECRACKER_WARM_POOL_SIZE: pre-cloned disks kept ready by the manager."""
+
     base_image: str = "corral/workspace:base"
     """CORRAL_BASE_IMAGE: the image workspaces start from unless a request names another."""
 

@@ -164,5 +164,3 @@ async def test_provider_on_this_host() -> None:
     if not readiness.usable:
         assert health.error == readiness.reason
         assert str(caught.value).startswith("firecracker: KVM not available: ")
-    else:
-        assert "not implemented yet" in str(caught.value)

@@ -586,11 +586,11 @@ async def test_provider_create_refuses_with_kvm_not_available() -> None:
 
 
 async def test_provider_create_does_not_pretend_on_a_usable_host() -> None:
-    """Even when the probe passes, create refuses because the microVM manager does not exist yet."""
+    """On a usable host without kernel and rootfs configured, create says which settings are missing."""
     provider, _ = provider_with(GOOD)
 
     assert (await provider.health()).healthy
-    with pytest.raises(ProviderUnavailableError, match=r"not implemented yet \(issue \[5/7\]\)"):
+    with pytest.raises(ProviderUnavailableError, match=r"no guest kernel or rootfs configured"):
         await provider.create(WorkspaceSpec(id="ws-1", image="corral/workspace:base"))
 
 
@@ -605,7 +605,8 @@ async def test_provider_has_no_workspaces() -> None:
     with pytest.raises(SandboxNotFoundError, match="workspace ws-1 does not exist"):
         await provider.exec("ws-1", ExecRequest(command="true"))
     with pytest.raises(SandboxNotFoundError):
-        provider.exec_stream("ws-1", ExecRequest(command="true"))
+        async for _ in provider.exec_stream("ws-1", ExecRequest(command="true")):
+            pass
     with pytest.raises(SandboxNotFoundError):
         await provider.read_file("ws-1", "/workspace/a")
     with pytest.raises(SandboxNotFoundError):
@@ -626,11 +627,11 @@ async def test_provider_capabilities() -> None:
     caps = await provider.capabilities()
 
     assert caps.isolation == "microvm"
-    assert (caps.persistence, caps.snapshots, caps.warm_pool, caps.streaming) == (True, True, True, True)
+    assert (caps.persistence, caps.snapshots, caps.warm_pool, caps.streaming) == (True, False, True, True)
     assert caps.disk_limit == "enforced"
     assert caps.requirements == ("kvm", "firecracker")
     assert caps.startup_latency_ms == 125.0
-    assert caps.resources == {"kvm_usable": False, "reason": PVM_REASON}
+    assert (caps.resources["kvm_usable"], caps.resources["reason"]) == (False, PVM_REASON)
 
 
 def test_provider_satisfies_the_protocol() -> None:

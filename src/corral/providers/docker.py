@@ -24,13 +24,11 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from importlib import resources
 from typing import Any
 
 from corral.errors import (
     CorralError,
-    ExecTimeoutError,
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
@@ -38,22 +36,16 @@ from corral.errors import (
     WorkspaceStateError,
 )
 from corral.guest.client import GuestConnection, GuestConnectionLost
+from corral.guest.remote import AgentBackedProvider
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 from corral.providers.base import (
     WORKSPACE_ROOT,
     Capabilities,
-    ExecEvent,
-    ExecExit,
-    ExecOutput,
-    ExecRequest,
-    ExecResult,
-    FileInfo,
     Health,
     NetworkMode,
     ResourceLimits,
     SandboxState,
     WorkspaceSpec,
-    check_path,
 )
 
 __all__ = ["DockerProvider", "volume_name"]
@@ -71,8 +63,6 @@ LABEL_OWNER = "corral.owner"
 WORKSPACE_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 AGENT_START_TIMEOUT_S = 30.0
 WARMUP_CONCURRENCY = 2
-EXEC_GRACE_S = 15.0
-"""How long past a command's own deadline the host waits for the agent to report the kill, before giving up."""
 
 
 def volume_name(workspace_id: str) -> str:
@@ -99,8 +89,12 @@ def _agent_source() -> bytes:
     return b"%d\n%s" % (len(source), source)
 
 
-class DockerProvider:
-    """Workspaces as hardened Docker containers with a named volume. ``runtime`` picks runc or runsc."""
+class DockerProvider(AgentBackedProvider):
+    """Workspaces as hardened Docker containers with a named volume. ``runtime`` picks runc or runsc.
+
+    Exec and file operations come from :class:`~corral.guest.remote.AgentBackedProvider`; this class supplies the
+    agent connection (``_agent``) and everything about containers and volumes.
+    """
 
     name = "docker"
     isolation: Any = "container"
@@ -356,140 +350,6 @@ class DockerProvider:
                 f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
             )
 
-    async def _with_agent(self, workspace_id: str, op: str, **args: Any) -> dict[str, Any]:
-        """One request to the agent; a lost connection becomes the workspace's real state, or one retry."""
-        for attempt in (1, 2):
-            conn = await self._agent(workspace_id)
-            try:
-                return await conn.call(op, **args)
-            except GuestConnectionLost:
-                await self._require_running(workspace_id)
-                if attempt == 2:
-                    raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
-        raise AssertionError("unreachable")
-
-    # --- exec ------------------------------------------------------------------------------------------------------
-
-    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
-        """Run to completion, keeping at most ``output_limit`` bytes of each stream."""
-        out, err = bytearray(), bytearray()
-        truncated = False
-        started = time.monotonic()
-        try:
-            async for event in self.exec_stream(workspace_id, request):
-                if isinstance(event, ExecOutput):
-                    buf = out if event.stream == "stdout" else err
-                    room = self.output_limit - len(buf)
-                    if len(event.data) > room:
-                        truncated = True
-                    buf += event.data[: max(room, 0)]
-                else:
-                    return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
-        except ExecTimeoutError as exc:
-            raise ExecTimeoutError(
-                exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=(time.monotonic() - started) * 1000
-            ) from None
-        raise ProviderUnavailableError(self.name, "the command ended without an exit status")
-
-    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
-        """Yield output as the agent forwards it; the agent kills the process group at the deadline."""
-        request.validate()
-        conn = await self._agent(workspace_id)
-        frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
-            request.argv(), cwd=request.cwd, env=dict(request.env), timeout_s=request.timeout_s
-        )
-        deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s + EXEC_GRACE_S
-        try:
-            while True:
-                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-                try:
-                    header, payload = await asyncio.wait_for(anext(frames), remaining)
-                except StopAsyncIteration:
-                    return
-                except TimeoutError:
-                    raise ExecTimeoutError(
-                        f"command did not finish within {request.timeout_s:g} s and the workspace did not confirm "
-                        "the kill"
-                    ) from None
-                except GuestConnectionLost:
-                    await self._require_running(workspace_id)
-                    raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
-                if header.get("ev") == "out":
-                    yield ExecOutput("stdout" if header.get("fd") == 1 else "stderr", payload)
-                elif header.get("ev") == "exit":
-                    if header.get("timed_out"):
-                        raise ExecTimeoutError(
-                            f"command did not finish within {request.timeout_s:g} s; it was killed",
-                            duration_ms=float(header.get("duration_ms", 0.0)),
-                        )
-                    yield ExecExit(int(header["code"]), float(header.get("duration_ms", 0.0)))
-        finally:
-            await frames.aclose()
-
-    # --- files -----------------------------------------------------------------------------------------------------
-
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
-        """Open for streaming; missing files raise WorkspaceFileNotFoundError before the first chunk."""
-        path = check_path(path)
-        conn = await self._agent(workspace_id)
-        try:
-            return await conn.open_read(path)
-        except GuestConnectionLost:
-            await self._require_running(workspace_id)
-            raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
-
-    async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
-    ) -> int:
-        """Stream into the file, creating parents."""
-        path = check_path(path)
-        conn = await self._agent(workspace_id)
-        try:
-            return await conn.write(path, data, mode=mode)
-        except GuestConnectionLost:
-            await self._require_running(workspace_id)
-            raise ProviderUnavailableError(self.name, "lost the connection to the workspace agent") from None
-
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
-        """Directory entries, sorted by name."""
-        result = await self._with_agent(workspace_id, "list", path=check_path(path))
-        return [_file_info(e) for e in result["entries"]]
-
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
-        """Remove a file or directory."""
-        await self._with_agent(workspace_id, "delete", path=check_path(path), recursive=recursive)
-
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
-        """Rename, creating the destination's parents."""
-        await self._with_agent(
-            workspace_id, "move", src=check_path(src, field_name="src"), dst=check_path(dst, field_name="dst")
-        )
-
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
-        """Set permission bits."""
-        await self._with_agent(workspace_id, "chmod", path=check_path(path), mode=mode)
-
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
-        """lstat of one path."""
-        return _file_info(await self._with_agent(workspace_id, "stat", path=check_path(path)))
-
-    async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
-    ) -> list[str]:
-        """Matching absolute paths, sorted."""
-        if not pattern or "\x00" in pattern:
-            raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
-        result = await self._with_agent(workspace_id, "glob", pattern=pattern, root=check_path(root), limit=limit)
-        return list(result["paths"])
-
-    async def realpath(self, workspace_id: str, path: str) -> str:
-        """Symlinks resolved inside the workspace."""
-        return str((await self._with_agent(workspace_id, "realpath", path=check_path(path)))["path"])
-
-    async def disk_usage(self, workspace_id: str) -> int:
-        """Bytes used under /workspace (the limit is monitored, not enforced, on the local volume driver)."""
-        return int((await self._with_agent(workspace_id, "usage", path=WORKSPACE_ROOT))["bytes"])
-
     # --- health ----------------------------------------------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -598,16 +458,4 @@ def _spec_from_json(workspace_id: str, text: str) -> WorkspaceSpec:
         container_type=data["container_type"],
         env=data.get("env", {}),
         labels=data.get("labels", {}),
-    )
-
-
-def _file_info(raw: dict[str, Any]) -> FileInfo:
-    return FileInfo(
-        path=raw["path"],
-        name=raw["name"],
-        type=raw["type"],
-        size=int(raw["size"]),
-        mode=int(raw["mode"]),
-        mtime=float(raw["mtime"]),
-        symlink_target=raw.get("symlink_target"),
     )

@@ -1,27 +1,54 @@
-"""The ``firecracker`` provider, for now only its honest half: it knows whether microVMs can run on this host.
+"""The ``firecracker`` provider: workspaces as Firecracker microVMs, through the Firecracker manager's HTTP API.
 
-``health`` and ``capabilities`` report the real answer of :func:`corral.microvm.readiness.probe`; ``create``
-refuses with that reason (it begins "KVM not available", the phrase seed 004 asks for, so the orchestrator falls
-back to the next provider). Even on a host where the probe passes, ``create`` refuses: the microVM manager arrives
-in issue [5/7], and until then no Firecracker workspace can exist, so every workspace call says so.
+The provider is a client of the manager (:mod:`corral.microvm.server`). With ``CORRAL_FIRECRACKER_MANAGER_URL``
+set it talks to a standalone manager (``http://host:port``, or ``unix:/path/to/socket``); without it, it runs the
+manager in-process and reaches the same API through ``httpx.ASGITransport``, so both deployments take one code
+path. Lifecycle calls map onto the manager's routes (``POST /vms``, ``POST /vms/{id}/stop|resume``,
+``DELETE /vms/{id}``); the manager's JSON errors become Corral's typed errors again (a host without usable KVM
+gives ``ProviderUnavailableError`` whose reason begins "KVM not available", so the orchestrator falls back).
+
+Exec and file calls go to the guest agent inside the VM (the same :mod:`corral.guest.agent` the container
+providers use, started by the VM's init): the provider reads the VM's vsock socket path from the manager, opens
+the hybrid-vsock stream to guest port 1024 (:mod:`corral.microvm.vsock`, retrying while the guest boots), and
+multiplexes requests over it with :class:`~corral.guest.client.GuestConnection`. That needs the manager's socket
+directory on the provider's file system: given in-process, a bind mount for a containerised manager.
+
+The VM boots the manager's root filesystem (``CORRAL_FIRECRACKER_ROOTFS``, built from the base image by
+:mod:`corral.microvm.rootfs`); ``WorkspaceSpec.image`` is recorded as a label, not converted per request.
+
+On a host where KVM cannot boot guests (Corral's CI: PVM KVM, no firecracker binary) ``health`` is unhealthy with
+the probe's reason and ``create`` refuses with it; everything here is tested against the manager running the
+Firecracker API double (:mod:`corral.microvm.fake_firecracker`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from corral.errors import ProviderUnavailableError, SandboxNotFoundError
-from corral.microvm.readiness import Readiness, ReadinessConfig, probe
+import httpx
+
+from corral.errors import (
+    CorralError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+    ResourceLimitError,
+    SandboxNotFoundError,
+    WorkspaceStateError,
+)
+from corral.guest.client import GuestConnection, GuestConnectionLost
+from corral.guest.remote import AgentBackedProvider
+from corral.microvm.manager import READINESS_CACHE_S, FirecrackerManager, ManagerConfig, config_from_settings
+from corral.microvm.readiness import Check, Readiness, ReadinessConfig, probe
+from corral.microvm.server import create_manager_app
+from corral.microvm.vsock import VsockConnectError, connect
 from corral.providers.base import (
-    WORKSPACE_ROOT,
     Capabilities,
-    ExecEvent,
     ExecRequest,
-    ExecResult,
-    FileInfo,
     Health,
     SandboxState,
     WorkspaceSpec,
@@ -30,181 +57,276 @@ from corral.providers.base import (
 if TYPE_CHECKING:
     from corral.settings import Settings
 
-__all__ = ["FirecrackerProvider", "from_settings"]
+__all__ = ["READINESS_CACHE_S", "FirecrackerProvider", "from_settings"]
 
-READINESS_CACHE_S = 10.0
-"""How long one probe answer is reused, so ``health`` stays fast."""
+AGENT_TIMEOUT_S = 30.0
+"""How long create and resume wait for the guest agent to answer over vsock (the guest boots meanwhile)."""
+MANAGER_TIMEOUT_S = 120.0
+"""Per request to the manager: a create clones a disk and boots a VM."""
 
-NOT_IMPLEMENTED_REASON = "the microVM manager is not implemented yet (issue [5/7])"
+_ERRORS: dict[str, type[CorralError]] = {
+    "workspace_not_found": SandboxNotFoundError,
+    "workspace_state_conflict": WorkspaceStateError,
+    "resource_limit": ResourceLimitError,
+    "invalid_request": InvalidRequestError,
+}
 
 
-def _missing(workspace_id: str) -> SandboxNotFoundError:
-    return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"workspace_id": workspace_id})
-
-
-class FirecrackerProvider:
-    """Firecracker microVMs: real readiness reporting; workspace operations wait for the microVM manager."""
+class FirecrackerProvider(AgentBackedProvider):
+    """Firecracker microVMs managed by a (standalone or in-process) Firecracker manager."""
 
     name = "firecracker"
 
     def __init__(
         self,
-        config: ReadinessConfig,
+        config: ReadinessConfig | None = None,
         *,
         probe: Callable[[ReadinessConfig], Readiness] = probe,
         clock: Callable[[], float] = time.monotonic,
+        manager: FirecrackerManager | None = None,
+        manager_config: ManagerConfig | None = None,
+        manager_url: str | None = None,
+        output_limit: int = 16 * 1024 * 1024,
+        agent_timeout_s: float = AGENT_TIMEOUT_S,
     ) -> None:
-        self.config = config
-        self._probe = probe
-        self._clock = clock
-        self._cached: Readiness | None = None
-        self._cached_at = float("-inf")
-        self._lock = asyncio.Lock()
+        self.output_limit = output_limit
+        self.agent_timeout_s = agent_timeout_s
+        self.manager: FirecrackerManager | None = None
+        if manager_url:
+            self.config = config or ReadinessConfig()
+            self.manager_url = manager_url
+            if manager_url.startswith("unix:"):
+                transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(uds=manager_url.removeprefix("unix:"))
+                base_url = "http://firecracker-manager"
+            else:
+                transport, base_url = httpx.AsyncHTTPTransport(), manager_url
+        else:
+            if manager is None:
+                base_config = manager_config or ManagerConfig()
+                if config is not None:
+                    base_config = dataclasses.replace(base_config, readiness=config)
+                manager = FirecrackerManager(base_config, probe=probe, clock=clock)
+            self.manager = manager
+            self.config = manager.config.readiness
+            self.manager_url = "in-process"
+            transport, base_url = httpx.ASGITransport(app=create_manager_app(manager)), "http://firecracker-manager"
+        self._http = httpx.AsyncClient(transport=transport, base_url=base_url, timeout=MANAGER_TIMEOUT_S)
+        self._agents: dict[str, GuestConnection] = {}
+        self._agent_locks: dict[str, asyncio.Lock] = {}
+        self._env: dict[str, dict[str, str]] = {}
+        self._startup_ms: float | None = None
+
+    # --- the manager's API --------------------------------------------------------------------------------------
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ProviderUnavailableError(
+                self.name, f"the Firecracker manager at {self.manager_url} is unreachable: {exc!r}"
+            ) from exc
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    def _error(self, response: httpx.Response) -> CorralError:
+        try:
+            error = response.json()["error"]
+            code, message, details = str(error["code"]), str(error["message"]), dict(error.get("details") or {})
+        except (ValueError, KeyError, TypeError):
+            text = response.text[:300]
+            return ProviderUnavailableError(self.name, f"the manager answered {response.status_code}: {text}")
+        if code in ("provider_unavailable", "all_providers_failed") or code not in _ERRORS:
+            reason = str(details.pop("reason", message))
+            details.pop("provider", None)
+            return ProviderUnavailableError(self.name, reason, details=details)
+        return _ERRORS[code](message, details=details)
+
+    async def _vm(self, workspace_id: str) -> dict[str, Any]:
+        vm: dict[str, Any] = (await self._request("GET", f"/vms/{workspace_id}")).json()
+        return vm
+
+    async def manager_health(self) -> dict[str, Any]:
+        """The manager's ``GET /health`` body."""
+        body: dict[str, Any] = (await self._request("GET", "/health")).json()
+        return body
 
     async def readiness(self) -> Readiness:
-        """The probe's answer, computed at most once every :data:`READINESS_CACHE_S` seconds."""
-        async with self._lock:
-            if self._cached is None or self._clock() - self._cached_at >= READINESS_CACHE_S:
-                # The probe may run `firecracker --version` (up to 5 s), so it stays off the event loop.
-                self._cached = await asyncio.to_thread(self._probe, self.config)
-                self._cached_at = self._clock()
-            return self._cached
+        """The manager's readiness verdict (cached there for :data:`READINESS_CACHE_S` seconds)."""
+        kvm = (await self.manager_health())["kvm"]
+        checks = tuple(Check(c["name"], c["ok"], c["detail"], c.get("skipped", False)) for c in kvm["checks"])
+        return Readiness(usable=bool(kvm["available"]), reason=str(kvm["reason"]), checks=checks)
 
     # --- lifecycle ----------------------------------------------------------------------------------------------
 
     async def create(self, spec: WorkspaceSpec) -> None:
-        """Refuse: with the probe's reason when the host cannot run microVMs, else because the manager is missing."""
-        readiness = await self.readiness()
-        details = {"workspace_id": spec.id, "checks": {c.name: c.ok for c in readiness.checks}}
-        if not readiness.usable:
-            raise ProviderUnavailableError(self.name, readiness.reason, details=details)
-        raise ProviderUnavailableError(self.name, NOT_IMPLEMENTED_REASON, details=details)
+        """Ask the manager for a VM with the spec's limits and network, then wait for its agent over vsock."""
+        started = time.monotonic()
+        body = {
+            "id": spec.id,
+            "resource_limits": spec.limits.to_json(),
+            "network": spec.network,
+            "env": dict(spec.env),
+            "labels": {**dict(spec.labels), "corral.image": spec.image, "corral.container_type": spec.container_type},
+        }
+        await self._request("POST", "/vms", json=body)
+        try:
+            await self._agent(spec.id)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.destroy(spec.id))
+            raise
+        elapsed = (time.monotonic() - started) * 1000
+        self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
 
     async def destroy(self, workspace_id: str) -> None:
-        """Nothing to remove: no Firecracker workspace can exist yet (idempotent, as the contract asks)."""
-        del workspace_id
+        """Shut the VM down and remove its disk, network and metadata. Idempotent."""
+        await self._drop_agent(workspace_id)
+        await self._request("DELETE", f"/vms/{workspace_id}")
+        self._env.pop(workspace_id, None)
 
     async def stop(self, workspace_id: str) -> None:
-        """No such workspace."""
-        raise _missing(workspace_id)
+        """Shut the VM down; its disk file keeps ``/workspace``."""
+        await self._vm(workspace_id)
+        await self._drop_agent(workspace_id)
+        await self._request("POST", f"/vms/{workspace_id}/stop")
 
     async def resume(self, workspace_id: str) -> None:
-        """No such workspace."""
-        raise _missing(workspace_id)
+        """Boot a new VM on the same disk (no-op when running) and wait for its agent."""
+        await self._request("POST", f"/vms/{workspace_id}/resume")
+        await self._agent(workspace_id)
 
     async def state(self, workspace_id: str) -> SandboxState:
-        """Always missing: this provider holds no runtime objects yet."""
-        del workspace_id
-        return SandboxState.MISSING
+        """Running or stopped as the manager sees it; missing when it does not know the id."""
+        try:
+            vm = await self._vm(workspace_id)
+        except SandboxNotFoundError:
+            return SandboxState.MISSING
+        return SandboxState.RUNNING if vm["state"] == "running" else SandboxState.STOPPED
 
     async def list_workspaces(self) -> list[str]:
-        """None yet."""
-        return []
+        """Every VM the manager holds, running or stopped."""
+        body = (await self._request("GET", "/vms")).json()
+        return sorted(str(vm["id"]) for vm in body["vms"])
 
-    # --- exec ---------------------------------------------------------------------------------------------------
+    # --- the agent ----------------------------------------------------------------------------------------------
 
-    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
-        """No such workspace."""
-        del request
-        raise _missing(workspace_id)
+    async def _require_running(self, workspace_id: str) -> None:
+        vm = await self._vm(workspace_id)
+        if vm["state"] != "running":
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+            )
 
-    def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
-        """No such workspace: raised at once, before any iteration."""
-        del request
-        raise _missing(workspace_id)
+    def _exec_env(self, workspace_id: str, request: ExecRequest) -> dict[str, str]:
+        return {**self._env.get(workspace_id, {}), **request.env}
 
-    # --- files --------------------------------------------------------------------------------------------------
+    async def _agent(self, workspace_id: str) -> GuestConnection:
+        conn = self._agents.get(workspace_id)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._agent_locks.setdefault(workspace_id, asyncio.Lock())
+        async with lock:
+            conn = self._agents.pop(workspace_id, None)
+            if conn is not None:
+                if not conn.closed:
+                    self._agents[workspace_id] = conn
+                    return conn
+                await conn.aclose()  # the stream ended (VM stopped or crashed): release it before reconnecting
+            vm = await self._vm(workspace_id)
+            if vm["state"] != "running":
+                raise WorkspaceStateError(
+                    f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+                )
+            self._env[workspace_id] = dict(vm.get("env") or {})
+            try:
+                reader, writer = await connect(
+                    vm["vsock"]["uds_path"], vm["vsock"]["port"], timeout_s=self.agent_timeout_s
+                )
+            except VsockConnectError as exc:
+                await self._require_running(workspace_id)
+                raise ProviderUnavailableError(self.name, f"the workspace agent is unreachable: {exc.message}") from exc
+            conn = GuestConnection(reader, writer, label=f"microVM {workspace_id}")
+            try:
+                await conn.wait_ready(self.agent_timeout_s)
+            except GuestConnectionLost as exc:
+                await conn.aclose()
+                await self._require_running(workspace_id)
+                raise ProviderUnavailableError(self.name, f"the workspace agent did not start: {exc}") from exc
+            except BaseException:
+                await asyncio.shield(conn.aclose())
+                raise
+            self._agents[workspace_id] = conn
+            return conn
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
-        """No such workspace."""
-        del path
-        raise _missing(workspace_id)
-
-    async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
-    ) -> int:
-        """No such workspace."""
-        del path, data, mode
-        raise _missing(workspace_id)
-
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
-        """No such workspace."""
-        del path
-        raise _missing(workspace_id)
-
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
-        """No such workspace."""
-        del path, recursive
-        raise _missing(workspace_id)
-
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
-        """No such workspace."""
-        del src, dst
-        raise _missing(workspace_id)
-
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
-        """No such workspace."""
-        del path, mode
-        raise _missing(workspace_id)
-
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
-        """No such workspace."""
-        del path
-        raise _missing(workspace_id)
-
-    async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
-    ) -> list[str]:
-        """No such workspace."""
-        del pattern, root, limit
-        raise _missing(workspace_id)
-
-    async def realpath(self, workspace_id: str, path: str) -> str:
-        """No such workspace."""
-        del path
-        raise _missing(workspace_id)
+    async def _drop_agent(self, workspace_id: str) -> None:
+        conn = self._agents.pop(workspace_id, None)
+        self._agent_locks.pop(workspace_id, None)
+        if conn is not None:
+            await conn.aclose()
 
     # --- health -------------------------------------------------------------------------------------------------
 
     async def health(self) -> Health:
-        """Healthy only when every readiness check passes; the error is the probe's one-sentence reason."""
+        """Healthy when the manager answers and its host can run microVMs; the error is its one-sentence reason."""
         started = time.perf_counter()
-        readiness = await self.readiness()
+        try:
+            body = await self.manager_health()
+        except ProviderUnavailableError as exc:
+            return Health(False, exc.reason, latency_ms=(time.perf_counter() - started) * 1000)
+        kvm = body["kvm"]
+        details: dict[str, object] = {
+            c["name"]: {"ok": c["ok"], "detail": c["detail"], "skipped": c.get("skipped", False)} for c in kvm["checks"]
+        }
+        details["manager"] = {k: v for k, v in body.items() if k != "kvm"}
         return Health(
-            healthy=readiness.usable,
-            error=None if readiness.usable else readiness.reason,
+            healthy=bool(kvm["available"]),
+            error=None if kvm["available"] else str(kvm["reason"]),
             latency_ms=(time.perf_counter() - started) * 1000,
-            details={
-                check.name: {"ok": check.ok, "detail": check.detail, "skipped": check.skipped}
-                for check in readiness.checks
-            },
+            details=details,
         )
 
     async def capabilities(self) -> Capabilities:
-        """What Firecracker workspaces will offer, and whether this host's KVM can serve them."""
-        readiness = await self.readiness()
+        """MicroVM workspaces; the resources are the manager host's, with whether KVM is usable and why."""
+        resources: dict[str, object] = {}
+        try:
+            body = await self.manager_health()
+            resources = {
+                **body["resources"],
+                "active_vms": body["active_vms"],
+                "max_vms": body["max_vms"],
+                "kvm_usable": body["kvm"]["available"],
+                "reason": body["kvm"]["reason"],
+            }
+        except ProviderUnavailableError as exc:
+            resources = {"kvm_usable": False, "reason": exc.reason}
         return Capabilities(
             isolation="microvm",
             persistence=True,
-            snapshots=True,
+            snapshots=False,  # Firecracker can snapshot; the manager does not offer it (yet)
             warm_pool=True,
             streaming=True,
             disk_limit="enforced",
             requirements=("kvm", "firecracker"),
-            startup_latency_ms=125.0,
-            resources={"kvm_usable": readiness.usable, "reason": readiness.reason},
+            startup_latency_ms=self._startup_ms if self._startup_ms is not None else 125.0,
+            resources=resources,
         )
 
     async def aclose(self) -> None:
-        """Nothing to release."""
+        """Close agent streams and the manager client; VMs keep running (the manager re-adopts them)."""
+        for workspace_id in list(self._agents):
+            await self._drop_agent(workspace_id)
+        await self._http.aclose()
+        if self.manager is not None:
+            await self.manager.aclose()
 
 
 def from_settings(settings: Settings) -> FirecrackerProvider:
-    """Build the provider from ``CORRAL_FIRECRACKER_BIN``, ``_KERNEL`` and ``_ROOTFS``."""
-    return FirecrackerProvider(
-        ReadinessConfig(
-            firecracker_bin=settings.firecracker_bin,
-            kernel_path=settings.firecracker_kernel,
-            rootfs_path=settings.firecracker_rootfs,
-        )
-    )
+    """``CORRAL_FIRECRACKER_MANAGER_URL`` set: a client of that manager; unset: an in-process manager configured
+    from the ``CORRAL_FIRECRACKER_*`` settings (see :func:`corral.microvm.manager.config_from_settings`)."""
+    manager_config = config_from_settings(settings)
+    url = getattr(settings, "firecracker_manager_url", None)
+    output_limit = int(getattr(settings, "exec_output_limit", 16 * 1024 * 1024))
+    if url:
+        return FirecrackerProvider(manager_config.readiness, manager_url=url, output_limit=output_limit)
+    return FirecrackerProvider(manager_config=manager_config, output_limit=output_limit)
