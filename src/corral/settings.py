@@ -82,6 +82,12 @@ class Settings(BaseSettings):
     firecracker_warm_pool_size: int = Field(0, ge=0)
     """CORRAL_FIRECRACKER_WARM_POOL_SIZE: pre-cloned disks kept ready by the manager."""
 
+    http_provider_url: str | None = None
+    """CORRAL_HTTP_PROVIDER_URL: base URL of a custom backend serving docs/http-provider.md; enables ``http``."""
+
+    http_provider_token: str | None = None
+    """CORRAL_HTTP_PROVIDER_TOKEN: bearer token sent to that backend."""
+
     base_image: str = "corral/workspace:base"
     """CORRAL_BASE_IMAGE: the image workspaces start from unless a request names another."""
 

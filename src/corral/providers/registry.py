@@ -37,6 +37,7 @@ KNOWN_PROVIDERS: dict[str, ProviderEntry] = {
     "gvisor": ProviderEntry("corral.providers.factories", "gvisor"),
     "fake": ProviderEntry("corral.providers.factories", "fake"),
     "firecracker": ProviderEntry("corral.providers.firecracker", "from_settings"),
+    "http": ProviderEntry("corral.providers.http", "from_settings"),
     "e2b": ProviderEntry("corral.providers.e2b", "from_settings", install_hint="'corral[e2b]'"),
 }
 
