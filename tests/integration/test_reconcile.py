@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from corral.errors import WorkspaceStateError
 from corral.orchestrator.pool import PoolSpec, WarmPools
 from corral.orchestrator.reconcile import reconcile
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers._docker_engine import DockerEngine
-from corral.providers.base import ResourceLimits, SandboxState, WorkspaceSpec
+from corral.providers.base import ExecRequest, ResourceLimits, SandboxState, WorkspaceSpec
 from corral.providers.docker import container_name, volume_name
 from corral.providers.gvisor import GVisorProvider
 from corral.settings import Settings
@@ -122,3 +123,19 @@ async def test_warm_workspaces_of_a_pool_no_longer_configured_are_discarded(serv
     report = await reconcile(service, pool_keys=[])
     assert report.pool_discarded == [warm.id]
     assert await service.providers["gvisor"].state(warm.id) is SandboxState.MISSING
+
+
+async def test_a_container_that_dies_on_its_own_is_recorded_as_stopped(
+    service: WorkspaceService, docker_engine: DockerEngine
+) -> None:
+    """When a workspace's container is killed from outside, the next exec answers 'stopped' and the record follows,
+    so resume brings it back with /workspace intact."""
+    record = await service.create(CreateWorkspace(provider="gvisor"))
+    await service.exec(record.id, ExecRequest("echo kept > /workspace/kept.txt"))
+    await docker_engine.request("POST", f"/containers/{container_name(record.id)}/kill")
+    with pytest.raises(WorkspaceStateError):
+        for _ in range(50):  # the event stream may take a moment to close the agent's stream
+            await service.exec(record.id, ExecRequest("true"))
+    assert (await service.get(record.id)).status == "stopped"
+    assert (await service.resume(record.id)).status == "ready"
+    assert (await service.exec(record.id, ExecRequest("cat /workspace/kept.txt"))).stdout == b"kept\n"

@@ -351,10 +351,21 @@ class WorkspaceService:
         return provider, record
 
     async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
-        """Run a command in a ready workspace."""
+        """Run a command in a ready workspace.
+
+        When the provider finds the workspace stopped (its container died on its own: OOM, killed from outside), the
+        record follows at once, so the API shows ``stopped`` and ``resume`` brings it back.
+        """
         request.validate()
         provider = await self.provider_of(workspace_id)
-        return await provider.exec(workspace_id, request)
+        try:
+            return await provider.exec(workspace_id, request)
+        except WorkspaceStateError:
+            if await provider.state(workspace_id) is SandboxState.STOPPED:
+                log.warning("workspace %s stopped on its own; its record now says so", workspace_id)
+                self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "stopped")
+                await self.store.workspaces.update(workspace_id, status="stopped")
+            raise
 
     async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
         """Open a file inside /workspace for streaming."""
