@@ -38,6 +38,7 @@ __all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "file_info_from_json"]
 EXEC_GRACE_S = 15.0
 """How long past a command's own deadline the host waits for the agent to report the kill, before giving up."""
 LOST = "lost the connection to the workspace agent"
+LOST_STATE_GRACE_S = 2.0
 
 
 def file_info_from_json(raw: dict[str, Any]) -> FileInfo:
@@ -77,9 +78,17 @@ class AgentBackedProvider:
     # --- plumbing ---------------------------------------------------------------------------------------------------
 
     async def _lost(self, workspace_id: str) -> ProviderUnavailableError:
-        """After a lost connection: raise the workspace's real state if it is not running, else the error to raise."""
-        await self._require_running(workspace_id)
-        return ProviderUnavailableError(self.name, LOST)
+        """After a lost connection: raise the workspace's real state if it is not running, else the error to raise.
+
+        The runtime may report a dying sandbox as running for a moment after its agent stream broke, so the state is
+        polled briefly before the loss is blamed on the agent alone.
+        """
+        deadline = time.monotonic() + LOST_STATE_GRACE_S
+        while True:
+            await self._require_running(workspace_id)
+            if time.monotonic() >= deadline:
+                return ProviderUnavailableError(self.name, LOST)
+            await asyncio.sleep(0.1)
 
     async def _with_agent(self, workspace_id: str, op: str, **args: Any) -> dict[str, Any]:
         """One request to the agent; a lost connection becomes the workspace's real state, or one retry."""
