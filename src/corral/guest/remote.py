@@ -31,6 +31,7 @@ from corral.providers.base import (
     ExecResult,
     FileInfo,
     check_path,
+    collect_exec,
 )
 
 __all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "file_info_from_json"]
@@ -106,24 +107,9 @@ class AgentBackedProvider:
 
     async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
         """Run to completion, keeping at most ``output_limit`` bytes of each stream."""
-        out, err = bytearray(), bytearray()
-        truncated = False
-        started = time.monotonic()
-        try:
-            async for event in self.exec_stream(workspace_id, request):
-                if isinstance(event, ExecOutput):
-                    buf = out if event.stream == "stdout" else err
-                    room = self.output_limit - len(buf)
-                    if len(event.data) > room:
-                        truncated = True
-                    buf += event.data[: max(room, 0)]
-                else:
-                    return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
-        except ExecTimeoutError as exc:
-            raise ExecTimeoutError(
-                exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=(time.monotonic() - started) * 1000
-            ) from None
-        raise ProviderUnavailableError(self.name, "the command ended without an exit status")
+        return await collect_exec(
+            self.exec_stream(workspace_id, request), output_limit=self.output_limit, provider=self.name
+        )
 
     async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         """Yield output as the agent forwards it; the agent kills the process group at the deadline."""

@@ -19,16 +19,18 @@ Behaviour every provider guarantees (checked by :mod:`corral.testing.conformance
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import re
 import shlex
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, runtime_checkable
 
-from corral.errors import InvalidRequestError
+from corral.errors import ExecTimeoutError, InvalidRequestError, ProviderUnavailableError
 
 __all__ = [
     "WORKSPACE_ROOT",
@@ -48,6 +50,7 @@ __all__ = [
     "WorkspaceProvider",
     "WorkspaceSpec",
     "check_path",
+    "collect_exec",
     "parse_cpu",
     "parse_size",
 ]
@@ -272,6 +275,30 @@ class ExecExit:
 
 
 ExecEvent = ExecOutput | ExecExit
+
+
+async def collect_exec(events: AsyncIterator[ExecEvent], *, output_limit: int, provider: str) -> ExecResult:
+    """Run an ``exec_stream`` to completion: at most ``output_limit`` bytes of each stream are kept (``truncated``
+    says when more came), and an :class:`ExecTimeoutError` is re-raised carrying the output received so far.
+
+    Every provider whose ``exec`` is its ``exec_stream`` collected uses this, so all of them cap and time out alike.
+    """
+    out, err = bytearray(), bytearray()
+    truncated = False
+    started = time.monotonic()
+    try:
+        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]  # async generators close
+            async for event in stream:
+                if isinstance(event, ExecExit):
+                    return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
+                sink = out if event.stream == "stdout" else err
+                room = output_limit - len(sink)
+                truncated = truncated or len(event.data) > room
+                sink += event.data[: max(room, 0)]
+    except ExecTimeoutError as exc:
+        elapsed = (time.monotonic() - started) * 1000
+        raise ExecTimeoutError(exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=elapsed) from None
+    raise ProviderUnavailableError(provider, "the command ended without an exit status")
 
 
 # --- files --------------------------------------------------------------------------------------------------------

@@ -81,6 +81,7 @@ from corral.providers.base import (
     Health,
     WorkspaceSpec,
     check_path,
+    collect_exec,
 )
 from corral.providers.base import (
     SandboxState as CorralSandboxState,
@@ -341,24 +342,11 @@ class E2BProvider:
         user: str | None = None,
     ) -> ExecResult:
         request = request or ExecRequest(argv[0], tuple(argv[1:]), mode=ExecMode.ARGV, cwd=cwd or WORKSPACE_ROOT)
-        out, err = bytearray(), bytearray()
-        truncated = False
-        started = time.monotonic()
-        try:
-            async with contextlib.aclosing(self._stream(sandbox, workspace_id, argv, request, user=user)) as events:
-                async for event in events:
-                    if isinstance(event, ExecOutput):
-                        buf = out if event.stream == "stdout" else err
-                        room = self.output_limit - len(buf)
-                        truncated = truncated or len(event.data) > room
-                        buf += event.data[: max(room, 0)]
-                    else:
-                        return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
-        except ExecTimeoutError as exc:
-            raise ExecTimeoutError(
-                exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=(time.monotonic() - started) * 1000
-            ) from None
-        raise ProviderUnavailableError(self.name, "the command ended without an exit status")
+        return await collect_exec(
+            self._stream(sandbox, workspace_id, argv, request, user=user),
+            output_limit=self.output_limit,
+            provider=self.name,
+        )
 
     async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         """Yield output as envd forwards it, then the exit; closing early kills the command."""

@@ -10,7 +10,6 @@ so auto selection falls back to the next provider. :mod:`corral.providers.http_b
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
@@ -43,6 +42,7 @@ from corral.providers.base import (
     Health,
     SandboxState,
     WorkspaceSpec,
+    collect_exec,
 )
 
 if TYPE_CHECKING:
@@ -215,22 +215,9 @@ class HttpProvider:
 
     async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
         """Run to completion by collecting the stream; a timeout error carries the output received so far."""
-        out, err = bytearray(), bytearray()
-        truncated = False
-        started = time.monotonic()
-        try:
-            async with contextlib.aclosing(self.exec_stream(workspace_id, request)) as events:
-                async for event in events:
-                    if isinstance(event, ExecExit):
-                        return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
-                    sink = out if event.stream == "stdout" else err
-                    room = self.output_limit - len(sink)
-                    truncated = truncated or len(event.data) > room
-                    sink += event.data[: max(room, 0)]
-        except ExecTimeoutError as exc:
-            elapsed = (time.monotonic() - started) * 1000
-            raise ExecTimeoutError(exc.message, stdout=bytes(out), stderr=bytes(err), duration_ms=elapsed) from exc
-        raise ProviderUnavailableError(self.name, "exec stream ended without an exit line")  # pragma: no cover
+        return await collect_exec(
+            self.exec_stream(workspace_id, request), output_limit=self.output_limit, provider=self.name
+        )
 
     async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncGenerator[ExecEvent, None]:
         """POST the argv and yield the NDJSON lines as they arrive; closing early closes the connection."""
