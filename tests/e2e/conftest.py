@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.conftest import BASE_IMAGE
 
 TOKEN = "e2e-test-token"
 
@@ -109,3 +112,18 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("corral-e2e"))
     yield srv
     stop_server(srv)
+
+
+@contextmanager
+def serving_e2b(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Server]:
+    """A server on gVisor whose E2B-compatible API answers; skips (a failure under CI) without the base image."""
+    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"Docker engine or base image {BASE_IMAGE} not available; run `make bootstrap`")
+    server = start_server(tmp_path_factory.mktemp(name), {"CORRAL_PROVIDERS": "gvisor"})
+    try:
+        answer = server.client.get("/e2b/v2/sandboxes", headers={"X-API-KEY": TOKEN})
+        if answer.status_code != 200:
+            pytest.fail(f"the E2B API is not served (GET /e2b/v2/sandboxes -> {answer.status_code})")
+        yield server
+    finally:
+        stop_server(server)

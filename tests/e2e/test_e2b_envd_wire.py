@@ -9,34 +9,24 @@ from __future__ import annotations
 import base64
 import json
 import struct
-import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import BASE_IMAGE
-from tests.e2e.conftest import TOKEN, Server, start_server, stop_server
+from tests.e2e.conftest import TOKEN, Server, serving_e2b
 
 pytestmark = pytest.mark.e2e
 
 _PREFIX = struct.Struct(">BI")
 
 
-@pytest.fixture(scope="module")
-def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", name="e2b_server")
+def e2b_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One Corral server on gVisor for the module; skips (a failure under CI) without Docker or the base image."""
-    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, check=False).returncode != 0:
-        pytest.skip(f"Docker engine or base image {BASE_IMAGE} not available; run `make bootstrap`")
-    server = start_server(tmp_path_factory.mktemp("corral-e2b-wire"), {"CORRAL_PROVIDERS": "gvisor"})
-    try:
-        answer = server.client.get("/e2b/v2/sandboxes", headers={"X-API-KEY": TOKEN})
-        if answer.status_code != 200:
-            pytest.fail(f"the E2B API is not served (GET /e2b/v2/sandboxes -> {answer.status_code}); mount_e2b(app)")
+    with serving_e2b(tmp_path_factory, "corral-e2b-wire") as server:
         yield server
-    finally:
-        stop_server(server)
 
 
 @pytest.fixture

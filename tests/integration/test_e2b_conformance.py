@@ -6,7 +6,6 @@ provider talks to it through the official ``e2b`` SDK over real HTTP, exactly as
 
 from __future__ import annotations
 
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -16,24 +15,16 @@ from corral.providers.base import WorkspaceSpec
 from corral.providers.e2b import E2BProvider
 from corral.testing import ProviderConformance, SpecFactory
 from tests.conftest import BASE_IMAGE
-from tests.e2e.conftest import TOKEN, Server, start_server, stop_server
+from tests.e2e.conftest import TOKEN, Server, serving_e2b
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def e2b_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", name="e2b_server")
+def e2b_server_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A Corral server on gVisor serving the E2B-compatible API; skips (a failure under CI) without Docker."""
-    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, check=False).returncode != 0:
-        pytest.skip(f"Docker engine or base image {BASE_IMAGE} not available; run `make bootstrap`")
-    server = start_server(tmp_path_factory.mktemp("corral-e2b-conformance"), {"CORRAL_PROVIDERS": "gvisor"})
-    try:
-        answer = server.client.get("/e2b/v2/sandboxes", headers={"X-API-KEY": TOKEN})
-        if answer.status_code != 200:
-            pytest.fail(f"the E2B API is not served (GET /e2b/v2/sandboxes -> {answer.status_code}); mount_e2b(app)")
+    with serving_e2b(tmp_path_factory, "corral-e2b-conformance") as server:
         yield server
-    finally:
-        stop_server(server)
 
 
 class TestE2BConformance(ProviderConformance):
