@@ -190,7 +190,7 @@ def test_ordinary_git_commands_pass(args: list[str]) -> None:
         (["clone", "--template=tpl", "src"], "'--template' is refused"),
         (["init", "--separate-git-dir=/tmp/g"], "'--separate-git-dir' is refused"),
         (["ls-remote", "-u", "sh", "origin"], "'-u' is refused"),
-        (["send-pack", "--receive-pack=sh", "x"], "'--receive-pack' is refused"),
+        (["push", "--recei=sh", "x"], "'--receive-pack' is refused"),
         (["push", "--exec=sh", "origin"], "'--exec' is refused"),
         (["rebase", "-x", "make", "main"], "'-x' is refused"),
         (["rebase", "-ixmake", "main"], "'-x' is refused"),
