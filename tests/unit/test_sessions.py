@@ -27,7 +27,12 @@ def fakes() -> dict[str, FakeProvider]:
 @pytest.fixture
 async def agents(tmp_path: Path, fakes: dict[str, FakeProvider]) -> AsyncIterator[AgentService]:
     settings = Settings(
-        data_dir=tmp_path, providers="gvisor,docker", default_cpu="1", default_memory="3G", default_disk="7G"
+        data_dir=tmp_path,
+        providers="gvisor,docker",
+        default_cpu="1",
+        default_memory="3G",
+        default_disk="7G",
+        allow_docker_fallback=True,  # the retry tests fall back to plain docker
     )
     store = await Store.open(settings.sqlalchemy_url())
     providers: dict[str, WorkspaceProvider] = dict(fakes)

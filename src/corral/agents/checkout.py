@@ -2,10 +2,12 @@
 
 The clone runs on the host, never in the workspace: it works for workspaces without any network (the default
 ``isolated`` mode), and credentials never enter the sandbox. A URL such as
-``https://x-access-token:SECRET@host/org/repo.git`` is split: git clones the clean URL and receives the secret as an
-``Authorization`` header through ``GIT_CONFIG_*`` environment variables, so it appears in no argument list, no
-``.git/config``, no reflog and no file. The finished checkout is streamed into the workspace as a tar archive and
-unpacked under ``/workspace``; ``origin`` points at the clean URL.
+``https://x-access-token:SECRET@host/org/repo.git`` is split (:func:`corral.credentials.split_url`): git clones the
+clean URL and receives the secret as an ``Authorization`` header through ``GIT_CONFIG_*`` environment variables, so
+it appears in no argument list, no ``.git/config``, no reflog and no file. URLs with a secret in their query are
+refused when they are given (git cannot clone them, and git would pass them to its helpers' argv). The finished
+checkout is streamed into the workspace as a tar archive and unpacked under ``/workspace``; ``origin`` points at the
+clean URL. Every error message built from git's output is masked (:func:`corral.credentials.redact_text`).
 
 Only http(s) is cloned (``GIT_ALLOW_PROTOCOL``), so a task cannot make the host run ``ext::`` commands or read local
 paths through ``file://``.
@@ -14,14 +16,13 @@ paths through ``file://``.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import os
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from urllib.parse import unquote, urlsplit, urlunsplit
 
+from corral.credentials import SplitURL, redact_text, split_url
 from corral.errors import CorralError, ExecTimeoutError
 from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, WorkspaceProvider
 
@@ -48,20 +49,12 @@ class RepoRef:
 
 
 def split_credentials(url: str) -> tuple[str, str | None]:
-    """``(url without user:password, "Basic ..." header value or None)``."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url, None
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    user, password = unquote(parts.username or ""), unquote(parts.password or "")
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return clean, f"Basic {token}"
+    """``(clean url, "Basic ..." header value or None)``; see :func:`corral.credentials.split_url` for the rest."""
+    split = split_url(url)
+    return split.clean, split.authorization
 
 
-def _git_env(home: str, auth_header: str | None) -> dict[str, str]:
+def _git_env(home: str, split: SplitURL | None) -> dict[str, str]:
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": home,  # no user config of the server's account leaks in
@@ -71,13 +64,18 @@ def _git_env(home: str, auth_header: str | None) -> dict[str, str]:
         "GIT_ALLOW_PROTOCOL": "http:https",
         "LC_ALL": "C",
     }
-    if auth_header is not None:
-        env |= {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "http.extraHeader"}
-        env["GIT_CONFIG_VALUE_0"] = f"Authorization: {auth_header}"
+    config: list[tuple[str, str]] = []
+    if split is not None and split.authorization is not None:
+        config.append(("http.extraHeader", f"Authorization: {split.authorization}"))
+    if config:
+        env["GIT_CONFIG_COUNT"] = str(len(config))
+        for index, (key, value) in enumerate(config):
+            env[f"GIT_CONFIG_KEY_{index}"], env[f"GIT_CONFIG_VALUE_{index}"] = key, value
     return env
 
 
 def _explain(stderr: str, clean_url: str, branch: str | None) -> str:
+    stderr = redact_text(stderr)  # git prints the URL it fetched, secret parameters included
     text = stderr.lower()
     if branch and ("remote branch" in text and "not found" in text):
         return f"branch {branch!r} does not exist in {clean_url}"
@@ -98,9 +96,11 @@ async def _run(argv: list[str], env: dict[str, str], timeout_s: float) -> tuple[
     )  # fmt: skip
     try:
         _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
+    except BaseException:  # timed out, or cancelled (session ended, server shutting down): git must not run on
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(proc.wait())
         raise
     return proc.returncode or 0, err.decode(errors="replace")
 
@@ -128,7 +128,8 @@ async def checkout(
     Raises:
         CheckoutError: a bad URL, a missing branch, failed authentication, or an unreachable host.
     """
-    clean_url, auth = split_credentials(repo.url)
+    split = split_url(repo.url)
+    clean_url = split.clean
     with tempfile.TemporaryDirectory(prefix="corral-clone-") as tmp:
         target = os.path.join(tmp, "repo")
         argv = ["git", "clone", "--quiet", "--no-recurse-submodules"]
@@ -136,7 +137,7 @@ async def checkout(
             argv += ["--branch", repo.branch]
         argv += ["--", clean_url, target]
         try:
-            code, stderr = await _run(argv, _git_env(tmp, auth), timeout_s)
+            code, stderr = await _run(argv, _git_env(tmp, split), timeout_s)
         except TimeoutError:
             raise CheckoutError(f"cloning {clean_url} did not finish within {timeout_s:g} s") from None
         if code != 0:
@@ -156,7 +157,8 @@ async def checkout(
         with contextlib.suppress(CorralError):
             await provider.delete(workspace_id, _ARCHIVE)
     if result.exit_code != 0:
-        raise CheckoutError(f"unpacking the checkout failed: {result.stderr.decode(errors='replace').strip()}")
+        stderr = redact_text(result.stderr.decode(errors="replace").strip())
+        raise CheckoutError(f"unpacking the checkout failed: {stderr}")
     return head.strip()
 
 

@@ -3,6 +3,11 @@
 ``parse_workspace_config`` validates the API's JSON and reports every problem at once (one 400 that names each
 invalid tool with the valid list, each malformed limit, an unknown repo source, a fixed source without url...). A new
 agent type without configuration gets :data:`DISABLED` (``enabled = false``).
+
+A fixed repository URL's credential is write-only: the stored config keeps the URL masked
+(``https://***@git.example/org/repo.git``) beside ``sealed_url``, the full URL encrypted by the agent service
+(:mod:`corral.credentials`). ``to_json()`` (every API answer) never includes ``sealed_url``; only the store's copy
+does (``to_json(include_sealed=True)``), and only a stored config may carry it (``config_from_json``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from corral.credentials import redact_url, split_url
 from corral.errors import InvalidRequestError
 from corral.providers.base import ResourceLimits
 from corral.tools.policy import VALID_TOOLS
@@ -39,7 +45,10 @@ class RepoSource:
 
     type: Literal["task_context", "fixed", "none"] = "none"
     url: str | None = None
+    """The URL as shown: its credential, if it has one, masked as ``***``."""
     branch: str | None = None
+    sealed_url: str | None = None
+    """The full URL with its credential, sealed (AES-GCM) by the agent service; None when the URL has none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,17 +67,21 @@ class WorkspaceConfig:
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S
     network: Literal["isolated", "default"] = "isolated"
 
-    def to_json(self) -> dict[str, Any]:
-        """The API and storage spelling."""
+    def to_json(self, *, include_sealed: bool = False) -> dict[str, Any]:
+        """The API spelling; ``include_sealed`` adds the sealed credential, for the store's copy only."""
+        source = self.repo_source
+        repo_source: dict[str, Any] = {
+            "type": source.type,
+            "url": redact_url(source.url) if source.url is not None else None,
+            "branch": source.branch,
+        }
+        if include_sealed and source.sealed_url is not None:
+            repo_source["sealed_url"] = source.sealed_url
         return {
             "enabled": self.enabled,
             "provider": self.provider,
             "container_type": self.container_type,
-            "repo_source": {
-                "type": self.repo_source.type,
-                "url": self.repo_source.url,
-                "branch": self.repo_source.branch,
-            },
+            "repo_source": repo_source,
             "tools": list(self.tools),
             "resource_limits": dict(self.resource_limits) if self.resource_limits is not None else None,
             "checkout_on_start": self.checkout_on_start,
@@ -84,14 +97,32 @@ DISABLED = WorkspaceConfig()
 
 def validate_repo_url(url: str, *, field_name: str) -> str | None:
     """The problem with a repository URL, or None. Only http(s) is cloned (no ssh, file or ext:: transports)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"{field_name}: {url!r} is not an http(s) repository URL (only http:// and https:// are cloned)"
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # a malformed port or IPv6 address
+        valid = False
+    shown = redact_url(url)  # the message goes back to the client and maybe into logs
+    if not valid:
+        return f"{field_name}: {shown!r} is not an http(s) repository URL (only http:// and https:// are cloned)"
+    if split_url(url).fetch_url is not None:
+        # git cannot clone these (it appends /info/refs after the query), and a secret in the URL it fetches would show
+        # in the host's process list (git-remote-http's argv).
+        return (
+            f"{field_name}: {shown!r} carries a credential in its query or fragment; git cannot clone such a URL. "
+            "Put the credential in the URL's user part instead, e.g. https://x-access-token:TOKEN@host/org/repo.git"
+        )
     return None
 
 
-def parse_workspace_config(raw: object, *, default_limits: ResourceLimits) -> WorkspaceConfig:
-    """Validate the workspace-config JSON; every problem is reported in one InvalidRequestError."""
+def parse_workspace_config(
+    raw: object, *, default_limits: ResourceLimits, allow_sealed: bool = False
+) -> WorkspaceConfig:
+    """Validate the workspace-config JSON; every problem is reported in one InvalidRequestError.
+
+    ``allow_sealed`` accepts ``repo_source.sealed_url``, which only the stored copy carries (clients never see one,
+    so they cannot send one).
+    """
     if not isinstance(raw, Mapping):
         raise InvalidRequestError("workspace config must be a JSON object")
     problems: list[str] = []
@@ -102,7 +133,7 @@ def parse_workspace_config(raw: object, *, default_limits: ResourceLimits) -> Wo
         if name in raw and not isinstance(raw[name], bool):
             problems.append(f"{name}: must be true or false, got {raw[name]!r}")
     tools = _parse_tools(raw.get("tools", list(VALID_TOOLS)), problems)
-    repo = _parse_repo_source(raw.get("repo_source"), problems)
+    repo = _parse_repo_source(raw.get("repo_source"), problems, allow_sealed=allow_sealed)
     limits = _parse_limits(raw.get("resource_limits"), default_limits, problems)
     commands = raw.get("setup_commands", [])
     if not isinstance(commands, list) or not all(isinstance(c, str) and c.strip() for c in commands):
@@ -170,13 +201,13 @@ def _scalar_problems(raw: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _parse_repo_source(raw: object, problems: list[str]) -> RepoSource:
+def _parse_repo_source(raw: object, problems: list[str], *, allow_sealed: bool) -> RepoSource:
     if raw is None:
         return RepoSource()
     if not isinstance(raw, Mapping):
         problems.append('repo_source: must be an object like {"type": "task_context"}')
         return RepoSource()
-    extra = sorted(set(raw) - {"type", "url", "branch"})
+    extra = sorted(set(raw) - {"type", "url", "branch", *(("sealed_url",) if allow_sealed else ())})
     if extra:
         problems.append(f"repo_source: unknown field(s) {extra}; allowed: type, url, branch")
     kind = raw.get("type", "none")
@@ -194,11 +225,12 @@ def _parse_repo_source(raw: object, problems: list[str]) -> RepoSource:
         problems.append("repo_source.url: a fixed repository source needs a url")
     if url and (problem := validate_repo_url(url, field_name="repo_source.url")):
         problems.append(problem)
-    return RepoSource(type=kind, url=url or None, branch=branch)
+    sealed = raw.get("sealed_url") if allow_sealed else None
+    return RepoSource(type=kind, url=url or None, branch=branch, sealed_url=sealed if isinstance(sealed, str) else None)
 
 
 def config_from_json(raw: Mapping[str, Any] | None) -> WorkspaceConfig:
-    """Rebuild a stored (already valid) config; an empty or missing one is :data:`DISABLED`."""
+    """Rebuild a stored (already valid) config, sealed credential included; empty or missing is :data:`DISABLED`."""
     if not raw:
         return DISABLED
-    return parse_workspace_config(raw, default_limits=ResourceLimits())
+    return parse_workspace_config(raw, default_limits=ResourceLimits(), allow_sealed=True)

@@ -1,12 +1,25 @@
 """Agent types and sessions: a session of a workspace-enabled agent type gets its workspace before it starts.
 
 Starting a session returns at once with status ``provisioning``; a background task then creates the workspace (from
-a warm pool when one matches), checks the repository out (the task's repository and branch, or the type's fixed
-one), runs the setup commands, and marks the session ``active``. A failure is retried once on the fallback
-provider; if that fails too the session becomes ``active`` and ``degraded`` with the reason, and its tools say so.
+a warm pool when one matches), records its id on the session, checks the repository out (the task's repository and
+branch, or the type's fixed one), runs the setup commands, and marks the session ``active``. A provider failure
+(:class:`~corral.errors.ProviderUnavailableError`, a workspace lost mid-way...) is retried once on ``auto``; a
+failure that another provider would not fix (:data:`NOT_RETRIED`: a failed checkout, an invalid request, an unknown
+provider name, an unreadable credential) is not. Either way the session then becomes ``active`` and ``degraded``
+with the reason, and its tools say so.
 
 Each session keeps a snapshot of its agent type's configuration taken at start, so a later change of the type
 applies to later sessions only.
+
+Credentials (:mod:`corral.credentials`): the task's repository URL is stored masked; while the session provisions,
+the full URL is also stored sealed (AES-GCM) so that provisioning can resume after a restart, and dropped once
+provisioning ends. A fixed ``repo_source`` URL is write-only: stored masked beside its sealed form; a config sent
+back with the masked URL unchanged keeps the stored credential.
+
+Restarts: a server that stops (SIGTERM) or dies (SIGKILL) while sessions provision leaves them ``provisioning``.
+At start-up :meth:`AgentService.resume_interrupted` destroys whatever workspace each one had (found by the id on the
+session and by the ``session_id`` in workspace metadata) and provisions it again from its snapshot and task. A
+session whose sealed credential cannot be opened (the secret key changed) is degraded with that reason.
 """
 
 from __future__ import annotations
@@ -16,27 +29,62 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Collection, Coroutine, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
 
-from corral.agents.checkout import RepoRef, checkout, split_credentials
-from corral.agents.config import WorkspaceConfig, config_from_json, parse_workspace_config, validate_repo_url
-from corral.errors import CorralError, ExecTimeoutError, InvalidRequestError, SandboxNotFoundError
+from corral.agents.checkout import CheckoutError, RepoRef, checkout
+from corral.agents.config import (
+    RepoSource,
+    WorkspaceConfig,
+    config_from_json,
+    parse_workspace_config,
+    validate_repo_url,
+)
+from corral.credentials import (
+    MASK,
+    CredentialUnavailableError,
+    SecretBox,
+    clean_url,
+    has_credentials,
+    redact_text,
+    redact_url,
+)
+from corral.errors import (
+    CorralError,
+    ExecTimeoutError,
+    InvalidRequestError,
+    ProviderNotFoundError,
+    SandboxNotFoundError,
+)
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
 from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
 from corral.tools import Toolbox, ToolNotAllowedError, UnknownToolError, check_tool_allowed, summarize_arguments
 
-__all__ = ["AgentService", "TaskContext"]
+__all__ = ["NOT_RETRIED", "AgentService", "TaskContext"]
 
 log = logging.getLogger(__name__)
 OUTPUT_TAIL = 2000
+TASK_URL_PURPOSE = "task repository URL"
+SOURCE_URL_PURPOSE = "repo_source URL"
+_SEALED_TASK_KEY = "sealed_repository_url"
+
+NOT_RETRIED: tuple[type[CorralError], ...] = (
+    CheckoutError,
+    InvalidRequestError,
+    ProviderNotFoundError,
+    CredentialUnavailableError,
+)
+"""Provisioning failures that are not the provider's fault: another provider would fail the same way."""
 
 
 @dataclass(frozen=True, slots=True)
 class TaskContext:
     """The repository side of a task: where its code lives and which change it is about."""
+
+    FIELDS: ClassVar[frozenset[str]] = frozenset({"repository_url", "branch", "pull_request_number", "base_branch"})
+    """The fields of ``task.context``; the stored form may add a sealed URL, which no answer shows."""
 
     repository_url: str | None = None
     branch: str | None = None
@@ -51,7 +99,7 @@ class TaskContext:
         if not isinstance(raw, Mapping):
             raise InvalidRequestError("task.context: must be an object")
         problems = []
-        extra = sorted(set(raw) - {"repository_url", "branch", "pull_request_number", "base_branch"})
+        extra = sorted(set(raw) - cls.FIELDS)
         if extra:
             problems.append(f"task.context: unknown field(s) {extra}")
         url = raw.get("repository_url")
@@ -71,21 +119,41 @@ class TaskContext:
         return cls(url, raw.get("branch"), number, raw.get("base_branch"))
 
     def to_json(self) -> dict[str, Any]:
-        """Stored form; the repository URL keeps its credentials (the host needs them to clone)."""
+        """The answer's and the store's form: the repository URL with its credentials masked as ``***``."""
         return {
-            "repository_url": self.repository_url,
+            "repository_url": redact_url(self.repository_url) if self.repository_url else self.repository_url,
             "branch": self.branch,
             "pull_request_number": self.pull_request_number,
             "base_branch": self.base_branch,
         }
 
+    def sealed_json(self, box: SecretBox) -> dict[str, Any]:
+        """:meth:`to_json` plus, when the URL has credentials, the full URL sealed: what resuming needs."""
+        stored = self.to_json()
+        if self.repository_url and has_credentials(self.repository_url):
+            stored[_SEALED_TASK_KEY] = box.seal(self.repository_url, purpose=TASK_URL_PURPOSE)
+        return stored
+
+    @classmethod
+    def from_stored(cls, raw: Mapping[str, Any], box: SecretBox) -> TaskContext:
+        """Rebuild a stored task, its sealed URL opened.
+
+        Raises:
+            CredentialUnavailableError: the sealed URL cannot be opened with this server's key.
+        """
+        sealed = raw.get(_SEALED_TASK_KEY)
+        url = box.open(sealed, purpose=TASK_URL_PURPOSE) if isinstance(sealed, str) else raw.get("repository_url")
+        return cls(url, raw.get("branch"), raw.get("pull_request_number"), raw.get("base_branch"))
+
 
 class AgentService:
     """Agent types, their workspace configs, and sessions with auto-provisioned workspaces."""
 
-    def __init__(self, workspaces: WorkspaceService) -> None:
+    def __init__(self, workspaces: WorkspaceService, box: SecretBox | None = None) -> None:
+        """``box`` seals stored credentials; without one, a key that lives as long as the process is used."""
         self.workspaces = workspaces
         self.store = workspaces.store
+        self.box = box if box is not None else SecretBox.ephemeral()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -100,7 +168,8 @@ class AgentService:
         if not name.strip():
             raise InvalidRequestError("name: must not be empty", details={"field": "name"})
         config = self.parse_config(workspace) if workspace is not None else config_from_json(None)
-        return await self.store.agent_types.create(name, config.to_json())
+        config = self._seal_source(config, previous=None)
+        return await self.store.agent_types.create(name, config.to_json(include_sealed=True))
 
     async def get_type(self, agent_type_id: str) -> AgentTypeRecord:
         """The agent type; raises a 404-mapped error when unknown."""
@@ -110,12 +179,41 @@ class AgentService:
         return record
 
     async def set_config(self, agent_type_id: str, raw: object) -> AgentTypeRecord:
-        """Replace the type's workspace config (validated); running sessions keep their snapshot."""
-        await self.get_type(agent_type_id)
-        config = self.parse_config(raw)
-        record = await self.store.agent_types.update_config(agent_type_id, config.to_json())
+        """Replace the type's workspace config (validated); running sessions keep their snapshot.
+
+        A fixed ``repo_source.url`` sent back exactly as answered (credential masked as ``***``) keeps the stored
+        credential; a URL with a credential replaces it.
+        """
+        current = config_from_json((await self.get_type(agent_type_id)).workspace_config)
+        config = self._seal_source(self.parse_config(raw), previous=current.repo_source)
+        record = await self.store.agent_types.update_config(agent_type_id, config.to_json(include_sealed=True))
         assert record is not None  # it existed a moment ago; agent types are never deleted
         return record
+
+    def _seal_source(self, config: WorkspaceConfig, *, previous: RepoSource | None) -> WorkspaceConfig:
+        """The config with its repository URL's credential sealed, or the stored one kept for a masked URL."""
+        source = config.repo_source
+        if source.url is None:
+            return config
+        if MASK in source.url:
+            # Only the exact URL answered before may keep its credential: a masked URL pointed at another host
+            # must never make Corral send the stored credential there.
+            if previous is not None and previous.url is not None and redact_url(previous.url) == source.url:
+                sealed = previous.sealed_url
+                if sealed is None and has_credentials(previous.url):  # stored before credentials were sealed
+                    sealed = self.box.seal(previous.url, purpose=SOURCE_URL_PURPOSE)
+                return replace(config, repo_source=replace(source, url=previous.url, sealed_url=sealed))
+            shown = redact_url(previous.url) if previous is not None and previous.url else None
+            raise InvalidRequestError(
+                f"repo_source.url: {source.url!r} masks its credential with {MASK!r} but is not this agent type's "
+                f"stored URL ({shown!r}); send the stored URL exactly as shown to keep its credential, or the URL "
+                "with the credential to replace it",
+                details={"field": "repo_source.url"},
+            )
+        if has_credentials(source.url):
+            sealed = self.box.seal(source.url, purpose=SOURCE_URL_PURPOSE)
+            return replace(config, repo_source=replace(source, url=redact_url(source.url), sealed_url=sealed))
+        return config
 
     # --- sessions ----------------------------------------------------------------------------------------------
 
@@ -140,15 +238,121 @@ class AgentService:
                 )
         session = await self.store.sessions.create(
             agent_type_id,
-            task_context=task.to_json(),
-            workspace_config=config.to_json(),
+            # Only a session that provisions keeps its credentials (sealed), for as long as it provisions.
+            task_context=task.sealed_json(self.box) if config.enabled else task.to_json(),
+            workspace_config=config.to_json(include_sealed=config.enabled),
             status="provisioning" if config.enabled else "active",
         )
         if config.enabled:
-            job = asyncio.create_task(self._provision(session.id, config, task), name=f"provision-{session.id}")
-            self._tasks[session.id] = job
-            job.add_done_callback(lambda _: self._tasks.pop(session.id, None))
+            self._spawn(session.id, self._provision(session.id, config, task))
         return session
+
+    def _spawn(self, session_id: str, work: Coroutine[Any, Any, None]) -> None:
+        job = asyncio.create_task(work, name=f"provision-{session_id}")
+        self._tasks[session_id] = job
+        job.add_done_callback(lambda _: self._tasks.pop(session_id, None))
+
+    async def protect_stored_credentials(self) -> int:
+        """Seal or mask the credentials older versions stored in clear; returns how many rows changed.
+
+        Call once at start-up, before :meth:`resume_interrupted`. Agent types get their fixed URL sealed; sessions
+        still provisioning get their task URL and snapshot sealed, others masked; reasons, warnings and workspace
+        metadata are masked. (Audit summaries written by older versions are left as they are.)
+        """
+        changed = 0
+        for agent_type in await self.store.agent_types.list():
+            try:
+                config = config_from_json(agent_type.workspace_config)
+            except CorralError as exc:  # stored by a version that validated differently: leave it, say so
+                log.warning("agent type %s: stored config is not valid now: %s", agent_type.id, exc.message)
+                continue
+            if _in_clear(config.repo_source.url) and config.repo_source.sealed_url is None:
+                sealed = self._seal_source(config, previous=None)
+                await self.store.agent_types.update_config(agent_type.id, sealed.to_json(include_sealed=True))
+                changed += 1
+        for session in await self.store.sessions.list():
+            try:
+                changed += await self._protect_session(session)
+            except CorralError as exc:
+                log.warning("session %s: stored credentials not protected: %s", session.id, exc.message)
+        for workspace in await self.store.workspaces.list(include_destroyed=True):
+            task = workspace.metadata.get("task")
+            url = task.get("repository_url") if isinstance(task, Mapping) else None
+            if isinstance(task, Mapping) and isinstance(url, str) and clean_url(url) != url:
+                metadata = {**workspace.metadata, "task": {**task, "repository_url": clean_url(url)}}
+                await self.store.workspaces.update(workspace.id, metadata=metadata)
+                changed += 1
+        if changed:
+            log.warning("masked or sealed credentials stored in clear by an older version in %d row(s)", changed)
+            await self.store.checkpoint()
+        return changed
+
+    async def _protect_session(self, session: SessionRecord) -> int:
+        provisioning = session.status == "provisioning"
+        updates: dict[str, Any] = {}
+        url = session.task_context.get("repository_url")
+        if isinstance(url, str) and _in_clear(url):
+            task = TaskContext.from_stored(session.task_context, self.box)
+            updates["task_context"] = task.sealed_json(self.box) if provisioning else task.to_json()
+        config = config_from_json(session.workspace_config)
+        if _in_clear(config.repo_source.url) and config.repo_source.sealed_url is None:
+            snapshot = self._seal_source(config, previous=None) if provisioning else config
+            updates["workspace_config"] = snapshot.to_json(include_sealed=provisioning)
+        if session.degraded_reason and redact_text(session.degraded_reason) != session.degraded_reason:
+            updates["degraded_reason"] = session.degraded_reason  # the store masks it on the way in
+        if any(redact_text(w) != w for w in session.warnings):
+            updates["warnings"] = session.warnings
+        if updates:
+            await self.store.sessions.update(session.id, **updates)
+        return 1 if updates else 0
+
+    async def resume_interrupted(self) -> list[str]:
+        """Provision again every session a previous server left ``provisioning``; returns their ids.
+
+        Call once at start-up, after reconciliation. Each session's old workspaces are destroyed and provisioning
+        restarts in the background from the session's configuration snapshot and task.
+        """
+        sessions = await self.store.sessions.list(status="provisioning")
+        if not sessions:
+            return []
+        # A workspace made just before the crash may not have reached the session record yet; its metadata knows.
+        owned: dict[str, set[str]] = {}
+        for workspace in await self.store.workspaces.list():
+            owner = workspace.metadata.get("session_id")
+            if isinstance(owner, str):
+                owned.setdefault(owner, set()).add(workspace.id)
+        for session in sessions:
+            stale = owned.get(session.id, set()) | ({session.workspace_id} if session.workspace_id else set())
+            log.warning("session %s was still provisioning when the server stopped; provisioning it again", session.id)
+            self._spawn(session.id, self._resume(session, sorted(stale)))
+        return [s.id for s in sessions]
+
+    async def _resume(self, session: SessionRecord, stale: Collection[str]) -> None:
+        for workspace_id in stale:
+            await self._reclaim(workspace_id)
+        await self.store.sessions.update(session.id, workspace_id=None)
+        try:
+            config = config_from_json(session.workspace_config)
+            task = TaskContext.from_stored(session.task_context, self.box)
+        except CorralError as exc:  # an unreadable credential (another key), or a snapshot no longer valid
+            await self._fail(session.id, [f"resuming after a restart: {exc.message}"], retried=False)
+            return
+        if not config.enabled:  # cannot happen for a session that provisions; finish it rather than loop
+            await self._finish(session.id, status="active")
+            return
+        await self._provision(session.id, config, task)
+
+    async def _reclaim(self, workspace_id: str) -> None:
+        """Destroy a workspace left by an interrupted provisioning, whatever state it is in."""
+        try:
+            record = await self.workspaces.get(workspace_id)
+            if record.status != "destroyed":
+                log.info("reclaiming workspace %s of an interrupted provisioning", workspace_id)
+                await self.workspaces.discard(workspace_id)
+        except SandboxNotFoundError:
+            pass
+        except CorralError as exc:  # provisioning goes on; the reaper or the next reconciliation retries this one
+            log.warning("could not reclaim workspace %s: %s", workspace_id, exc.message)
 
     def _workspace_request(
         self, session_id: str, config: WorkspaceConfig, task: TaskContext, *, provider: str | None = None,
@@ -186,7 +390,7 @@ class AgentService:
                 await self.workspaces.destroy(session.workspace_id)
         if session.status == "ended":
             return session
-        updated = await self.store.sessions.update(session_id, status="ended")
+        updated = await self._finish(session_id, status="ended")  # ended mid-provisioning: sealed values go too
         assert updated is not None
         return updated
 
@@ -247,7 +451,10 @@ class AgentService:
         return await self.store.audit.list(session_id)
 
     async def aclose(self) -> None:
-        """Cancel provisioning in flight (its workspaces are cleaned up by the cancelled task)."""
+        """Cancel provisioning in flight (its workspaces are cleaned up by the cancelled task).
+
+        The sessions stay ``provisioning``, their sealed credentials kept, so the next start resumes them.
+        """
         for job in list(self._tasks.values()):
             job.cancel()
         for job in list(self._tasks.values()):
@@ -257,7 +464,11 @@ class AgentService:
     # --- provisioning ------------------------------------------------------------------------------------------
 
     async def _provision(self, session_id: str, config: WorkspaceConfig, task: TaskContext) -> None:
-        repo = _repository(config, task)
+        try:
+            repo = self._clone_source(config, task)
+        except CredentialUnavailableError as exc:
+            await self._fail(session_id, [exc.message], retried=False)
+            return
         failures: list[str] = []
         tried: set[str] = set()
         for attempt in (1, 2):
@@ -269,19 +480,28 @@ class AgentService:
                 )
                 workspace_id = record.id
                 tried.add(record.provider or "")
-                if not _nothing_to_prepare(config, task):  # long work ahead: let the session know its workspace
-                    await self.store.sessions.update(session_id, workspace_id=workspace_id)
+                # Recorded at once, so that a server killed from here on finds (and reclaims) it when it restarts.
+                await self.store.sessions.update(session_id, workspace_id=workspace_id)
                 if repo is not None and config.checkout_on_start:
                     await checkout(await self.workspaces.provider_of(workspace_id), workspace_id, repo)
-                warnings = await self._run_setup(workspace_id, config)
-            except CorralError as exc:
-                failures.append(f"attempt {attempt} ({provider}): {exc.message}")
-                log.warning("session %s: provisioning attempt %d failed: %s", session_id, attempt, exc.message)
+                warnings = [redact_text(w) for w in await self._run_setup(workspace_id, config)]
+            except Exception as exc:
+                message = redact_text(exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}")
+                failures.append(f"attempt {attempt} ({provider}): {message}")
+                if isinstance(exc, CorralError):
+                    log.warning("session %s: provisioning attempt %d failed: %s", session_id, attempt, message)
+                else:  # a bug: no retry, but the session must not stay provisioning
+                    log.exception("session %s: provisioning attempt %d failed unexpectedly", session_id, attempt)
                 if workspace_id is not None:
-                    await self.workspaces.discard(workspace_id)
-                    await self.store.sessions.update(session_id, workspace_id=None)
+                    try:
+                        await self.workspaces.discard(workspace_id)
+                        await self.store.sessions.update(session_id, workspace_id=None)
+                    except CorralError as cleanup:  # still end provisioning; the reaper or a restart cleans up
+                        log.warning("session %s: could not discard %s: %s", session_id, workspace_id, cleanup)
+                if isinstance(exc, NOT_RETRIED) or not isinstance(exc, CorralError):
+                    break
                 continue
-            except BaseException:
+            except BaseException:  # cancelled: the session ended, or the server is stopping (it resumes at start)
                 if workspace_id is not None:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(self.workspaces.discard(workspace_id))
@@ -289,11 +509,38 @@ class AgentService:
             if warnings:
                 await self.store.sessions.add_warnings(session_id, *warnings)
                 await self.store.workspaces.add_warnings(workspace_id, *warnings)
-            await self.store.sessions.update(session_id, status="active", workspace_id=workspace_id)
+            await self._finish(session_id, status="active", workspace_id=workspace_id)
             return
-        reason = "workspace provisioning failed twice; the session runs without a workspace: " + " | ".join(failures)
+        await self._fail(session_id, failures, retried=len(failures) > 1)
+
+    async def _finish(self, session_id: str, **fields: Any) -> SessionRecord | None:
+        """Set ``fields`` and drop the sealed credentials from the session: provisioning is over, nothing needs them."""
+        session = await self.store.sessions.get(session_id)
+        if session is None:
+            return None
+        task = {k: v for k, v in session.task_context.items() if k != _SEALED_TASK_KEY}
+        config = dict(session.workspace_config)
+        if isinstance(source := config.get("repo_source"), Mapping):
+            config["repo_source"] = {k: v for k, v in source.items() if k != "sealed_url"}
+        return await self.store.sessions.update(session_id, task_context=task, workspace_config=config, **fields)
+
+    async def _fail(self, session_id: str, failures: list[str], *, retried: bool) -> None:
+        """End provisioning without a workspace: the session is active and degraded, and says why."""
+        if retried:
+            reason = "workspace provisioning failed twice; the session runs without a workspace: "
+        else:
+            reason = "workspace provisioning failed (not retried: another provider would not fix it); the session "
+            reason += "runs without a workspace: "
+        reason += " | ".join(failures)
         log.error("session %s: %s", session_id, reason)
-        await self.store.sessions.update(session_id, status="active", degraded=True, degraded_reason=reason)
+        await self._finish(session_id, status="active", degraded=True, degraded_reason=reason)
+
+    def _clone_source(self, config: WorkspaceConfig, task: TaskContext) -> RepoRef | None:
+        """The repository to clone, with its credential: a fixed source's sealed URL is opened here."""
+        source = config.repo_source
+        if source.type == "fixed" and source.url and source.sealed_url is not None:
+            return RepoRef(self.box.open(source.sealed_url, purpose=SOURCE_URL_PURPOSE), source.branch)
+        return _repository(config, task)
 
     async def _run_setup(self, workspace_id: str, config: WorkspaceConfig) -> list[str]:
         """Run the setup commands in order; the first failure or timeout stops the rest and becomes a warning."""
@@ -347,10 +594,15 @@ class SessionStateError(CorralError):
 
 
 class SessionDegradedError(CorralError):
-    """The session runs without its workspace (provisioning failed twice); the message says why."""
+    """The session runs without its workspace (provisioning failed); the message says why."""
 
     code = "session_degraded"
     http_status = 409
+
+
+def _in_clear(url: str | None) -> bool:
+    """A URL whose credential is not masked."""
+    return url is not None and redact_url(url) != url
 
 
 def _nothing_to_prepare(config: WorkspaceConfig, task: TaskContext) -> bool:
@@ -370,7 +622,7 @@ def _repository(config: WorkspaceConfig, task: TaskContext) -> RepoRef | None:
 
 def _metadata(session_id: str, task: TaskContext, repo: RepoRef | None) -> dict[str, Any]:
     task_meta = {
-        "repository_url": split_credentials(repo.url)[0] if repo is not None else None,
+        "repository_url": clean_url(repo.url) if repo is not None else None,
         "branch": repo.branch if repo is not None else None,
         "pull_request_number": task.pull_request_number,
         "base_branch": task.base_branch,

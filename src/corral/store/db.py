@@ -7,6 +7,8 @@ configured in code (:func:`alembic_config`), so no ``alembic.ini`` is needed at 
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ __all__ = [
     "create_engine",
     "create_session_factory",
     "migrate",
+    "private_sqlite_file",
 ]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -51,13 +54,14 @@ def async_url(url: str | URL) -> URL:
 def create_engine(url: str | URL, **options: Any) -> AsyncEngine:
     """An async engine for ``url``; extra keyword arguments go to :func:`~sqlalchemy.ext.asyncio.create_async_engine`.
 
-    For a SQLite file the parent directory is created if missing, and every connection turns on WAL (readers never
-    block the writer), a busy timeout (concurrent writers wait instead of failing) and foreign keys.
+    For a SQLite file the parent directory is created if missing (mode 0700), the file is made private (mode 0600,
+    see :func:`private_sqlite_file`), and every connection turns on WAL (readers never block the writer), a busy
+    timeout (concurrent writers wait instead of failing) and foreign keys.
     """
     parsed = async_url(url)
     is_sqlite = parsed.get_backend_name() == "sqlite"
     if is_sqlite and parsed.database and parsed.database != ":memory:" and not parsed.database.startswith("file:"):
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        private_sqlite_file(Path(parsed.database).expanduser())
     if not is_sqlite:
         # A connection dropped by a server restart is noticed when checked out, not by the query that follows.
         options.setdefault("pool_pre_ping", True)
@@ -67,12 +71,28 @@ def create_engine(url: str | URL, **options: Any) -> AsyncEngine:
     return engine
 
 
+def private_sqlite_file(path: Path) -> None:
+    """Make the SQLite database ``path`` readable by its owner only (0600), before anything opens it.
+
+    SQLite gives the ``-wal`` and ``-shm`` files it creates the main file's mode, so the main file is created (empty
+    is a valid new database) or tightened first; those of an older install are tightened too.
+    """
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for file in (path, *(path.with_name(path.name + suffix) for suffix in ("-wal", "-shm", "-journal"))):
+        with contextlib.suppress(FileNotFoundError):
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)
+
+
 def _configure_sqlite_connection(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
     cursor = dbapi_connection.cursor()
     try:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
+        # Overwritten and deleted values (a credential masked after an upgrade) are zeroed, not left in free pages.
+        cursor.execute("PRAGMA secure_delete=ON")
         # WAL makes NORMAL durable against application crashes; only a power loss can drop the last commits.
         cursor.execute("PRAGMA synchronous=NORMAL")
     finally:

@@ -17,6 +17,10 @@ Missing rows and errors:
 * Constraint violations become :class:`~corral.errors.InvalidRequestError` naming the offending value (a duplicate
   agent-type name, a duplicate id, an unknown agent type); any other database failure becomes a
   :class:`~corral.errors.CorralError` whose message names the failure without the URL's password.
+
+A session's ``degraded_reason`` and warnings, and audit summaries, are free text built from tool output, error
+messages and commands; they are masked with :func:`corral.credentials.redact_text` on the way in, so no credential
+reaches those columns even if a caller forgot to.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import InstrumentedAttribute
 
+from corral.credentials import redact_text
 from corral.errors import CorralError, InvalidRequestError, SandboxNotFoundError
 from corral.store.db import async_url, create_engine, create_session_factory, migrate
 from corral.store.models import AgentTypeRow, AuditEntryRow, SessionRow, WorkspaceRow, utcnow
@@ -612,13 +617,13 @@ class SessionRepository:
                     agent_type_id=agent_type_id,
                     status=status,
                     degraded=degraded,
-                    degraded_reason=degraded_reason,
+                    degraded_reason=redact_text(degraded_reason) if degraded_reason else degraded_reason,
                     workspace_id=workspace_id,
                     task_context=dict(task_context or {}),
                     # A deep copy through JSON would be stricter, but the value is serialized on insert anyway and
                     # the record hands out its own dict.
                     workspace_config=dict(workspace_config),
-                    warnings=builtins.list(warnings),
+                    warnings=[redact_text(w) for w in warnings],
                     created_at=now,
                     updated_at=now,
                 )
@@ -662,9 +667,19 @@ class SessionRepository:
         degraded_reason: str | Unset | None = UNSET,
         workspace_id: str | Unset | None = UNSET,
         warnings: Sequence[str] | Unset = UNSET,
+        task_context: Mapping[str, Any] | Unset = UNSET,
+        workspace_config: Mapping[str, Any] | Unset = UNSET,
     ) -> SessionRecord | None:
-        """Set the given fields, and only those; ``None`` if the id is unknown. ``ended`` also sets ``ended_at``."""
+        """Set the given fields, and only those; ``None`` if the id is unknown. ``ended`` also sets ``ended_at``.
+
+        ``task_context`` and ``workspace_config`` replace the stored ones: the agent service drops the sealed
+        credential once provisioning has ended, and seals what older versions stored in clear.
+        """
         now = utcnow()
+        if isinstance(degraded_reason, str):
+            degraded_reason = redact_text(degraded_reason)
+        if not isinstance(warnings, Unset):
+            warnings = [redact_text(w) for w in warnings]
         values = _given(
             {
                 SessionRow.status: status,
@@ -672,6 +687,8 @@ class SessionRepository:
                 SessionRow.degraded_reason: degraded_reason,
                 SessionRow.workspace_id: workspace_id,
                 SessionRow.warnings: _plain(warnings),
+                SessionRow.task_context: _plain(task_context),
+                SessionRow.workspace_config: _plain(workspace_config),
             },
             updated_at=SessionRow.updated_at,
             now=now,
@@ -685,9 +702,10 @@ class SessionRepository:
 
     async def add_warnings(self, session_id: str, *warnings: str) -> SessionRecord | None:
         """Append warnings not already present, safely against concurrent appends; ``None`` if the id is unknown."""
+        masked = tuple(redact_text(w) for w in warnings)
         with _database_errors():
             async with self._sessions.begin() as session:
-                row = await _append_warnings(session, SessionRow, session_id, warnings)
+                row = await _append_warnings(session, SessionRow, session_id, masked)
         return None if row is None else SessionRecord._from_row(row)
 
 
@@ -707,12 +725,12 @@ class AuditRepository:
         duration_ms: float,
         at: datetime | None = None,
     ) -> AuditEntry:
-        """Record one tool call; ``at`` defaults to now."""
+        """Record one tool call; ``at`` defaults to now. Credentials in the summary are masked."""
         row = AuditEntryRow(
             session_id=session_id,
             at=at or utcnow(),
             tool=tool,
-            arguments_summary=arguments_summary,
+            arguments_summary=redact_text(arguments_summary),
             status=status,
             duration_ms=duration_ms,
         )
@@ -810,6 +828,15 @@ class Store:
             await engine.dispose()
             raise
         return cls(engine)
+
+    async def checkpoint(self) -> None:
+        """SQLite: move the WAL into the database file and truncate it, so overwritten values leave the WAL too
+        (freed pages are already zeroed: ``secure_delete``). A no-op on PostgreSQL."""
+        if self.engine.dialect.name != "sqlite":
+            return
+        with _database_errors():
+            async with self.engine.connect() as connection:
+                await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
 
     async def close(self) -> None:
         """Close every pooled connection. The store must not be used afterwards."""

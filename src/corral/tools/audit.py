@@ -1,4 +1,8 @@
-"""One-line summaries of tool arguments for the audit log: enough to follow what an agent did, never whole files."""
+"""One-line summaries of tool arguments for the audit log: enough to follow what an agent did, never whole files.
+
+Credentials are masked before anything is clipped (``git clone https://***@host/repo.git``, ``?access_token=***``,
+``GITHUB_TOKEN=***``), so a cut can never leave half a secret that the masking no longer recognises.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,15 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from corral.credentials import redact_text
+
 __all__ = ["summarize_arguments"]
 
 _MAX = 200
 
 
 def _clip(text: str, limit: int = _MAX) -> str:
-    text = text.replace("\n", "\\n")
+    text = redact_text(text).replace("\n", "\\n")
     return text if len(text) <= limit else text[:limit] + f"... (+{len(text) - limit} chars)"
 
 
@@ -73,6 +79,7 @@ def summarize_arguments(tool: str, args: object) -> str:
     """A short, safe description of one call; never raises, whatever ``args`` holds.
 
     bash: the command's first 200 characters; write and edit: the path and byte counts, never the content.
+    Credentials in any of it are masked as ``***``.
     """
     if not isinstance(args, Mapping):
         return f"{tool}: invalid arguments ({type(args).__name__})"
