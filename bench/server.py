@@ -54,6 +54,7 @@ class CorralServer:
             "CORRAL_DATABASE_URL": self.database_url,  # never the operator's database, whatever the shell says
             "CORRAL_API_TOKEN": self.token,
             "CORRAL_PROVIDERS": "gvisor,docker",
+            "CORRAL_ALLOW_DOCKER_FALLBACK": "true",  # the latency bench measures plain docker over HTTP too
             "CORRAL_WARM_POOL_SIZE": "0",
             "CORRAL_WARM_POOLS": "[]",
             **env,

@@ -32,7 +32,8 @@ def _host_providers(socket_path: str, *, gvisor_runtime: str = "runsc") -> dict[
 
 @pytest.fixture
 async def service(tmp_path: Path, docker_engine: DockerEngine) -> AsyncIterator[WorkspaceService]:
-    svc = await build_service(tmp_path, _host_providers(docker_engine.socket_path))
+    # Plain docker allowed: the fallback scenarios below end on it.
+    svc = await build_service(tmp_path, _host_providers(docker_engine.socket_path), allow_docker_fallback=True)
     yield svc
     await close_service(svc)
 
@@ -81,7 +82,7 @@ async def test_gvisor_failing_at_create_falls_back_to_docker_with_a_warning(
 async def test_every_provider_failing_gives_one_error_listing_each(tmp_path: Path) -> None:
     """With no Docker engine at the configured socket and no KVM, the one error lists every provider's reason."""
     providers = _host_providers(str(tmp_path / "no-docker.sock"))
-    service = await build_service(tmp_path, providers)
+    service = await build_service(tmp_path, providers, allow_docker_fallback=True)
     try:
         if (await providers["firecracker"].health()).healthy:
             pytest.skip("this host can run Firecracker; the scenario needs one that cannot")

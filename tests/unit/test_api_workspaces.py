@@ -2,37 +2,74 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
 from corral.api.app import create_app
+from corral.providers.base import Capabilities
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
 
 pytestmark = pytest.mark.unit
 
 TOKEN = "unit-test-token"
+ISOLATION = {"gvisor": "gvisor", "docker": "container", "firecracker": "microvm", "e2b": "remote"}
+
+
+class IsolatedFake(FakeProvider):
+    """A fake that reports the isolation of the backend it is named after (the plain fake reports "none")."""
+
+    async def capabilities(self) -> Capabilities:
+        """The fake's capabilities with the named backend's isolation."""
+        caps = await super().capabilities()
+        return dataclasses.replace(caps, isolation=ISOLATION.get(self.name, "none"))  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def providers() -> dict[str, FakeProvider]:
-    # Named like real backends so auto selection considers them; they are in-memory fakes.
-    return {"gvisor": FakeProvider("gvisor"), "docker": FakeProvider("docker")}
+    # Named like real backends so auto selection considers them; they are in-memory fakes (4 CPUs, 16 GiB).
+    return {"gvisor": IsolatedFake("gvisor"), "docker": IsolatedFake("docker")}
 
 
-@pytest.fixture
-async def client(tmp_path: Path, providers: dict[str, FakeProvider]) -> AsyncIterator[httpx.AsyncClient]:
-    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor,docker", warm_pool_size=0)
-    app = create_app(settings, providers=dict(providers))
+@asynccontextmanager
+async def serve(
+    tmp_path: Path, providers: dict[str, FakeProvider], **settings: object
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The app over ``providers``, started, with an authenticated client."""
+    config = Settings(data_dir=tmp_path, api_token=TOKEN, providers=",".join(providers), warm_pool_size=0, **settings)  # type: ignore[arg-type]
+    app = create_app(config, providers=dict(providers))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(
             transport=transport, base_url="http://corral", headers={"Authorization": f"Bearer {TOKEN}"}
         ) as http:
             yield http
+
+
+@pytest.fixture
+async def client(tmp_path: Path, providers: dict[str, FakeProvider]) -> AsyncIterator[httpx.AsyncClient]:
+    """Plain docker allowed, as several tests here fall back to it."""
+    async with serve(tmp_path, providers, allow_docker_fallback=True) as http:
+        yield http
+
+
+@pytest.fixture
+async def strict_client(tmp_path: Path, providers: dict[str, FakeProvider]) -> AsyncIterator[httpx.AsyncClient]:
+    """The default settings: plain docker is not allowed."""
+    async with serve(tmp_path, providers) as http:
+        yield http
+
+
+def create_calls(providers: dict[str, FakeProvider]) -> list[tuple[str, str]]:
+    """(provider, workspace id) of every create call on any of the providers."""
+    return [(name, wid) for name, p in providers.items() for method, wid in p.calls if method == "create"]
 
 
 async def _create(client: httpx.AsyncClient, **body: object) -> dict[str, object]:
@@ -213,3 +250,106 @@ async def test_providers_endpoint_reports_health(client: httpx.AsyncClient, prov
     assert by_name["gvisor"]["active_workspaces"] == 1
     assert by_name["gvisor"]["last_check"] is not None
     assert "isolation" in by_name["gvisor"]["capabilities"]
+
+
+# --- bad input never falls back; every answer names its isolation -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "needles"),
+    [
+        ({"base_image": "Not A Valid:Reference!"}, 400, "invalid_request", ["base_image", "name[:tag]"]),
+        ({"base_image": "corral/workspace:a:b"}, 400, "invalid_request", ["base_image"]),
+        ({"resource_limits": {"cpu": 64}}, 422, "resource_limit", ["resource_limits.cpu", "64 CPUs", "has 4"]),
+        ({"resource_limits": {"memory": "999T"}}, 422, "resource_limit", ["resource_limits.memory", "16 GiB"]),
+        ({"provider": "gvisor", "resource_limits": {"cpu": "5"}}, 422, "resource_limit", ["resource_limits.cpu"]),
+        ({"provider": "docker"}, 403, "provider_not_allowed", ["CORRAL_ALLOW_DOCKER_FALLBACK"]),
+    ],
+)
+async def test_bad_input_is_refused_before_any_provider_is_tried(
+    strict_client: httpx.AsyncClient,
+    providers: dict[str, FakeProvider],
+    body: dict[str, object],
+    status: int,
+    code: str,
+    needles: list[str],
+) -> None:
+    """A malformed image, limits beyond the host (4 CPUs, 16 GiB here) or plain docker while it is not allowed get
+    a 4xx naming the problem, and no provider's create is ever called (so nothing falls back)."""
+    resp = await strict_client.post("/api/v1/agent/workspaces", json=body)
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert error["code"] == code
+    for needle in needles:
+        assert needle in error["message"]
+    assert create_calls(providers) == []
+
+
+async def test_limits_the_host_has_are_accepted(strict_client: httpx.AsyncClient) -> None:
+    """Exactly the host's CPUs and memory are fine: only more than the host has is refused."""
+    ws = await _create(strict_client, resource_limits={"cpu": 4, "memory": "16G"})
+    assert ws["resource_limits"] == {"cpu": "4", "memory": "16G", "disk": "10G"}
+
+
+async def test_auto_never_uses_docker_by_default(
+    strict_client: httpx.AsyncClient, providers: dict[str, FakeProvider]
+) -> None:
+    """With CORRAL_ALLOW_DOCKER_FALLBACK unset, a gVisor failure is a 503; plain docker is not tried."""
+    providers["gvisor"].fail_create = "runsc missing"
+    resp = await strict_client.post("/api/v1/agent/workspaces", json={})
+    assert resp.status_code == 503
+    assert [a["provider"] for a in resp.json()["error"]["details"]["attempts"]] == ["gvisor"]
+    assert [name for name, _ in create_calls(providers)] == ["gvisor"]
+
+
+async def test_explicit_docker_is_served_when_the_operator_allows_it(client: httpx.AsyncClient) -> None:
+    """With CORRAL_ALLOW_DOCKER_FALLBACK=true an explicit docker request works, says container and warns."""
+    ws = await _create(client, provider="docker")
+    assert (ws["provider"], ws["isolation"]) == ("docker", "container")
+    assert any("isolation is reduced" in w for w in ws["warnings"])  # type: ignore[attr-defined]
+
+
+async def test_every_workspace_answer_names_its_isolation(client: httpx.AsyncClient) -> None:
+    """Create, get, list, stop, resume and delete answers carry the isolation of the workspace's provider."""
+    ws = await _create(client)
+    assert ws["isolation"] == "gvisor"
+    base = f"/api/v1/agent/workspaces/{ws['id']}"
+    answers = [
+        (await client.get(base)).json(),
+        (await client.get("/api/v1/agent/workspaces")).json()["workspaces"][0],
+        (await client.post(f"{base}/stop")).json(),
+        (await client.post(f"{base}/resume")).json(),
+        (await client.delete(base)).json(),
+    ]
+    assert [a["isolation"] for a in answers] == ["gvisor"] * 5
+
+
+async def test_a_failed_workspace_has_no_isolation(
+    client: httpx.AsyncClient, providers: dict[str, FakeProvider]
+) -> None:
+    """A workspace no provider could create answers isolation null."""
+    for provider in providers.values():
+        provider.fail_create = "down"
+    resp = await client.post("/api/v1/agent/workspaces", json={})
+    assert resp.status_code == 503
+    [record] = (await client.get("/api/v1/agent/workspaces")).json()["workspaces"]
+    assert (record["status"], record["isolation"]) == ("error", None)
+
+
+async def test_session_answers_name_their_workspace_isolation(client: httpx.AsyncClient) -> None:
+    """A session answers the isolation of its workspace once it has one, and null when it has none."""
+    typed = await client.post("/api/v1/agent-types", json={"name": "coder", "workspace": {"enabled": True}})
+    assert typed.status_code == 201, typed.text
+    started = await client.post("/api/v1/agent/sessions", json={"agent_type_id": typed.json()["id"]})
+    assert started.status_code == 201, started.text
+    session = started.json()
+    deadline = time.monotonic() + 10
+    while session["status"] == "provisioning" and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        session = (await client.get(f"/api/v1/agent/sessions/{session['id']}")).json()
+    assert (session["status"], session["isolation"]) == ("active", "gvisor")
+    ended = (await client.delete(f"/api/v1/agent/sessions/{session['id']}")).json()
+    assert ended["isolation"] == "gvisor"  # the (now destroyed) workspace's
+    bare = await client.post("/api/v1/agent-types", json={"name": "chat"})
+    plain = (await client.post("/api/v1/agent/sessions", json={"agent_type_id": bare.json()["id"]})).json()
+    assert (plain["workspace_id"], plain["isolation"]) == (None, None)

@@ -70,8 +70,8 @@ def providers() -> dict[str, FakeProvider]:
 
 @pytest.fixture
 async def service(tmp_path: Path, providers: dict[str, FakeProvider]) -> AsyncIterator[WorkspaceService]:
-    """A service over the fakes and a SQLite file; its health monitor has not run yet."""
-    settings = Settings(data_dir=tmp_path, providers=",".join(providers))
+    """A service over the fakes and a SQLite file; its health monitor has not run yet (plain docker allowed)."""
+    settings = Settings(data_dir=tmp_path, providers=",".join(providers), allow_docker_fallback=True)
     store = await Store.open(settings.sqlalchemy_url())
     monitor = HealthMonitor(providers, interval_s=0.01)
     yield WorkspaceService(settings, store, providers, monitor)

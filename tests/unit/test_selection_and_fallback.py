@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -9,10 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from corral.errors import AllProvidersFailedError, ProviderUnavailableError
+from corral.errors import (
+    AllProvidersFailedError,
+    InvalidRequestError,
+    ProviderNotAllowedError,
+    ProviderUnavailableError,
+    ResourceLimitError,
+)
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.selection import SelectionInputs, fallback_chain, preference_order
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
+from corral.providers.base import Capabilities, ResourceLimits, WorkspaceSpec
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
 from corral.store import ProviderAttempt, Store
@@ -175,7 +183,7 @@ async def test_plan_without_kvm_skips_firecracker_with_its_health_error(build: B
     providers = fakes(*ALL_BACKENDS)
     providers["firecracker"].healthy = False
     providers["firecracker"].health_error = NO_KVM
-    service = await build(providers)
+    service = await build(providers, allow_docker_fallback=True)
     try_order, skipped = service.plan("auto", "agent_workspace")
     assert try_order == ["gvisor", "docker"]
     assert skipped == [("firecracker", f"unhealthy: {NO_KVM}")]
@@ -183,8 +191,10 @@ async def test_plan_without_kvm_skips_firecracker_with_its_health_error(build: B
 
 async def test_plan_in_managed_mode_reads_the_e2b_key_from_settings(build: Build) -> None:
     """Managed mode with Settings(e2b_api_key=...) (E2B_API_KEY) plans E2B first; without the key it is left out."""
-    with_key = await build(fakes("e2b", *ALL_BACKENDS), deployment_mode="managed", e2b_api_key="e2b_test_key")
-    without_key = await build(fakes("e2b", *ALL_BACKENDS), deployment_mode="managed")
+    with_key = await build(
+        fakes("e2b", *ALL_BACKENDS), deployment_mode="managed", e2b_api_key="e2b_test_key", allow_docker_fallback=True
+    )
+    without_key = await build(fakes("e2b", *ALL_BACKENDS), deployment_mode="managed", allow_docker_fallback=True)
     assert with_key.plan("auto", "agent_workspace")[0] == ["e2b", "firecracker", "gvisor", "docker"]
     assert without_key.plan("auto", "agent_workspace")[0] == ["firecracker", "gvisor", "docker"]
 
@@ -302,7 +312,7 @@ async def test_all_providers_fail_lists_every_provider_and_reason(build: Build) 
     providers["firecracker"].health_error = NO_KVM
     providers["gvisor"].fail_create = "runsc runtime is not registered with dockerd"
     providers["docker"].fail_create = "docker daemon unreachable"
-    service = await build(providers)
+    service = await build(providers, allow_docker_fallback=True)
     with pytest.raises(AllProvidersFailedError) as caught:
         await service.create(CreateWorkspace())
     assert caught.value.attempts == [
@@ -343,7 +353,7 @@ async def test_docker_fallback_records_the_reduced_isolation_warning(build: Buil
     providers = fakes(*ALL_BACKENDS)
     providers["firecracker"].fail_create = "KVM error"
     providers["gvisor"].fail_create = "runsc missing"
-    service = await build(providers)
+    service = await build(providers, allow_docker_fallback=True)
     record = await service.create(CreateWorkspace())
     assert record.provider == "docker"
     assert [a.provider for a in record.provider_attempts] == ["firecracker", "gvisor"]
@@ -363,10 +373,37 @@ async def test_without_allow_docker_fallback_auto_never_tries_docker(build: Buil
     assert create_calls(providers["docker"]) == []
 
 
-async def test_explicit_docker_is_allowed_without_docker_fallback(build: Build) -> None:
-    """allow_docker_fallback only limits auto: an explicit docker request is still served, with the warning."""
-    service = await build(fakes(*ALL_BACKENDS), allow_docker_fallback=False)
-    record = await service.create(CreateWorkspace(provider="docker"))
+def test_plain_docker_is_off_by_default(tmp_path: Path) -> None:
+    """CORRAL_ALLOW_DOCKER_FALLBACK defaults to false and is read from the environment."""
+    assert Settings(data_dir=tmp_path).allow_docker_fallback is False
+    assert inputs(allow_docker=False) == SelectionInputs("self-hosted", False, False, ALL_BACKENDS)
+
+
+async def test_default_auto_never_tries_docker(build: Build) -> None:
+    """With default settings, auto fails when gVisor and Firecracker do, rather than using plain Docker."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error"
+    providers["gvisor"].fail_create = "runsc missing"
+    service = await build(providers)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace())
+    assert [name for name, _ in caught.value.attempts] == ["firecracker", "gvisor"]
+    assert create_calls(providers["docker"]) == []
+
+
+async def test_explicit_docker_is_refused_unless_allowed(build: Build) -> None:
+    """An explicit docker request is refused (403 provider_not_allowed) while plain Docker is not allowed, without
+    a record or a create call; with allow_docker_fallback it is served, with the reduced-isolation warning."""
+    providers = fakes(*ALL_BACKENDS)
+    strict = await build(providers)
+    with pytest.raises(ProviderNotAllowedError) as caught:
+        await strict.create(CreateWorkspace(provider="docker"))
+    assert caught.value.http_status == 403 and caught.value.code == "provider_not_allowed"
+    assert "CORRAL_ALLOW_DOCKER_FALLBACK=true" in caught.value.message
+    assert create_calls(providers["docker"]) == []
+    assert await strict.store.workspaces.list() == []
+    allowed = await build(fakes(*ALL_BACKENDS), allow_docker_fallback=True)
+    record = await allowed.create(CreateWorkspace(provider="docker"))
     assert record.provider == "docker"
     assert any("isolation is reduced" in w for w in record.warnings)
 
@@ -379,3 +416,122 @@ async def test_only_fake_configured_means_auto_has_nothing_to_try(build: Build) 
         await service.create(CreateWorkspace())
     assert caught.value.attempts == []
     assert create_calls(providers["fake"]) == []
+
+
+# --- fallback is for provider failures only ---------------------------------------------------------------------------
+
+
+class CapacityFake(FakeProvider):
+    """A fake whose create fails with a transient capacity error, as Firecracker's past CORRAL_FIRECRACKER_MAX_VMS."""
+
+    async def create(self, spec: WorkspaceSpec) -> None:
+        """Record the call, then refuse for capacity."""
+        self.calls.append(("create", spec.id))
+        raise ResourceLimitError("firecracker: 32 microVMs already run on this host, the configured maximum")
+
+
+class RemoteFake(FakeProvider):
+    """A fake that reports what a remote service reports: isolation "remote" and no host size."""
+
+    async def capabilities(self) -> Capabilities:
+        """Remote isolation, no resources."""
+        caps = await super().capabilities()
+        return dataclasses.replace(caps, isolation="remote", resources={})
+
+
+def limits(cpu: float = 2, memory_gib: int = 4) -> ResourceLimits:
+    """Resource limits in CPUs and GiB (the fakes' host has 4 CPUs and 16 GiB)."""
+    return ResourceLimits(cpu=cpu, memory_bytes=memory_gib * 1024**3)
+
+
+async def test_a_transient_capacity_error_still_falls_back(build: Build) -> None:
+    """Firecracker at its most VMs (a ResourceLimitError from create) is a provider failure: auto goes on to gVisor."""
+    providers = {"firecracker": CapacityFake("firecracker"), **fakes("gvisor", "docker")}
+    service = await build(providers)
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "gvisor"
+    assert [a.provider for a in record.provider_attempts] == ["firecracker"]
+    assert "32 microVMs" in record.provider_attempts[0].error
+
+
+@pytest.mark.parametrize(
+    ("request_limits", "needle"),
+    [
+        (limits(cpu=64), "resource_limits.cpu: 64 CPUs requested, but the host has 4"),
+        (limits(memory_gib=999 * 1024), "resource_limits.memory"),
+    ],
+    ids=["cpu", "memory"],
+)
+@pytest.mark.parametrize("provider", ["auto", "gvisor"])
+async def test_limits_beyond_the_host_are_refused_before_any_provider(
+    build: Build, request_limits: ResourceLimits, needle: str, provider: str
+) -> None:
+    """More CPUs or memory than the host has is a ResourceLimitError (422) before any create call, for auto and an
+    explicit provider alike, even when plain Docker is allowed and unhealthy providers would come back later."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].healthy = False
+    service = await build(providers, allow_docker_fallback=True)
+    with pytest.raises(ResourceLimitError) as caught:
+        await service.create(CreateWorkspace(provider=provider, limits=request_limits))
+    assert caught.value.http_status == 422 and caught.value.code == "resource_limit"
+    assert needle in caught.value.message
+    assert all(create_calls(p) == [] for p in providers.values())
+    assert await service.store.workspaces.list() == []
+
+
+async def test_a_remote_provider_of_unknown_size_is_still_tried_for_big_limits(build: Build) -> None:
+    """When a remote provider (E2B) cannot say its size, big limits skip the local providers with their reason and
+    go to it."""
+    providers = {"e2b": RemoteFake("e2b"), **fakes("firecracker", "gvisor")}
+    service = await build(providers, deployment_mode="managed", e2b_api_key="key")
+    providers["e2b"].fail_create = "quota exceeded"
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace(limits=limits(cpu=64)))
+    reasons = dict(caught.value.attempts)
+    assert reasons["e2b"] == "quota exceeded"
+    assert "64 CPUs requested" in reasons["gvisor"] and "64 CPUs requested" in reasons["firecracker"]
+    assert create_calls(providers["gvisor"]) == [] and create_calls(providers["firecracker"]) == []
+
+
+@pytest.mark.parametrize("image", ["Upper", "name:tag:again", "with space", "trailing/", "a" * 300])
+async def test_a_malformed_base_image_is_refused_before_any_provider(build: Build, image: str) -> None:
+    """A base_image that is not a Docker image reference is an InvalidRequestError naming the field and the form;
+    no provider is tried."""
+    providers = fakes(*ALL_BACKENDS)
+    service = await build(providers, allow_docker_fallback=True)
+    with pytest.raises(InvalidRequestError) as caught:
+        await service.create(CreateWorkspace(base_image=image))
+    assert caught.value.details == {"field": "base_image"}
+    assert caught.value.message.startswith("base_image: ")
+    assert all(create_calls(p) == [] for p in providers.values())
+
+
+async def test_a_provider_finding_the_input_bad_ends_the_chain(build: Build) -> None:
+    """An InvalidRequestError from a provider's create (the engine refusing the image) is not retried elsewhere."""
+
+    class PickyFake(FakeProvider):
+        async def create(self, spec: WorkspaceSpec) -> None:
+            self.calls.append(("create", spec.id))
+            raise InvalidRequestError(
+                "base_image: 'corral/x' is not a valid image reference (invalid reference format)"
+            )
+
+    providers = {"firecracker": PickyFake("firecracker"), **fakes("gvisor")}
+    service = await build(providers)
+    with pytest.raises(InvalidRequestError):
+        await service.create(CreateWorkspace(base_image="corral/x"))
+    assert create_calls(providers["gvisor"]) == []
+
+
+async def test_the_service_knows_each_providers_isolation(build: Build) -> None:
+    """Each provider's isolation comes from its capabilities, fetched once; unknown providers have none."""
+    providers = {"e2b": RemoteFake("e2b"), **fakes("gvisor")}
+    service = await build(providers)
+    await service.probe_providers()
+    assert (service.isolation_of("e2b"), service.isolation_of("gvisor"), service.isolation_of(None)) == (
+        "remote",
+        "none",
+        None,
+    )
+    await service.probe_providers()
+    assert sum(1 for method, _ in providers["gvisor"].calls if method == "capabilities") == 1

@@ -484,7 +484,7 @@ async def test_warm_pools_json_is_read_from_the_environment(
         {"provider": "docker"},
     ]
     monkeypatch.setenv("CORRAL_WARM_POOLS", json.dumps(extra))
-    settings = Settings(data_dir=tmp_path, warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, warm_pool_size=0, allow_docker_fallback=True)
     gvisor, docker = pool_specs(settings, service)
     assert gvisor == PoolSpec(
         "gvisor",
@@ -505,6 +505,9 @@ async def test_warm_pools_json_is_read_from_the_environment(
         pytest.param('[{"size": 1}]', "needs 'provider'", id="no-provider"),
         pytest.param('[{"provider": "gvisor", "colour": "blue"}]', "needs 'provider'", id="unknown-field"),
         pytest.param('[{"provider": "e2b"}]', "provider 'e2b' is not configured", id="unknown-provider"),
+        pytest.param(
+            '[{"provider": "docker"}]', "'docker' is not allowed unless CORRAL_ALLOW_DOCKER_FALLBACK", id="docker"
+        ),
         pytest.param(
             '[{"provider": "gvisor"}, {"provider": "gvisor", "network": "bridge"}]',
             "CORRAL_WARM_POOLS[1]: network must be 'isolated' or 'default'",

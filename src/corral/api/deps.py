@@ -6,6 +6,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from corral.orchestrator.service import WorkspaceService
@@ -13,15 +14,30 @@ from corral.orchestrator.service import WorkspaceService
 __all__ = ["ServiceDep", "require_token"]
 
 
+# The bearer scheme of the OpenAPI document (Swagger's "Authorize" button). auto_error is off: a missing or foreign
+# scheme gets Corral's own 401 below rather than FastAPI's 403.
+_bearer = HTTPBearer(
+    scheme_name="bearerAuth",
+    bearerFormat="CORRAL_API_TOKEN",
+    description="`Authorization: Bearer <CORRAL_API_TOKEN>`; every route but /healthz needs it.",
+    auto_error=False,
+)
+
+
 # Dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a worker thread, which cost
 # about a millisecond per request on the exec hot path.
-async def require_token(request: Request) -> None:
+async def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> None:
     """Check ``Authorization: Bearer <CORRAL_API_TOKEN>`` in constant time."""
     expected: str = request.app.state.api_token
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise HTTPException(401, "missing or wrong bearer token; send 'Authorization: Bearer <CORRAL_API_TOKEN>'")
+    token = credentials.credentials.strip() if credentials is not None else ""
+    if credentials is None or not hmac.compare_digest(token.encode(), expected.encode()):
+        raise HTTPException(
+            401,
+            "missing or wrong bearer token; send 'Authorization: Bearer <CORRAL_API_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
 
 async def _service(request: Request) -> WorkspaceService:

@@ -3,22 +3,58 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from corral.images.reference import IMAGE_REFERENCE_PATTERN
 from corral.providers.base import FileInfo
 from corral.store import WorkspaceRecord
 
 __all__ = [
+    "AgentTypeList",
+    "AgentTypeModel",
+    "AuditEntryModel",
+    "AuditResponse",
     "ChmodBody",
     "CreateWorkspaceBody",
+    "DirectoryListing",
+    "ErrorBody",
+    "ErrorResponse",
     "ExecBody",
     "ExecResponse",
     "FileInfoModel",
+    "GlobResponse",
+    "HealthResponse",
+    "Isolation",
     "MoveBody",
+    "PoolModel",
+    "PoolStatusResponse",
+    "ProviderStatusModel",
+    "ProvidersResponse",
+    "SessionModel",
+    "WorkspaceList",
     "WorkspaceModel",
+    "WriteFileResponse",
 ]
+
+Isolation = Literal["microvm", "gvisor", "container", "remote", "none"]
+"""How a workspace is isolated: a microVM, gVisor, plain runc (``container``), a remote service (E2B, HTTP), or not
+at all (the test provider)."""
+
+
+class ErrorBody(BaseModel):
+    """What went wrong: a stable code, a sentence for people, and structured details."""
+
+    code: str = Field(description="stable snake_case code, e.g. workspace_not_found; clients branch on it")
+    message: str = Field(description="what was wrong and, for bad input, what is allowed")
+    details: dict[str, Any] = Field(description="structured context, e.g. the field or the provider attempts")
+
+
+class ErrorResponse(BaseModel):
+    """Every error the API sends: ``{"error": {"code", "message", "details"}}``."""
+
+    error: ErrorBody
 
 
 class _Body(BaseModel):
@@ -31,7 +67,11 @@ class CreateWorkspaceBody(_Body):
     provider: str = "auto"
     container_type: Literal["agent_workspace", "mcp_server"] = "agent_workspace"
     resource_limits: dict[str, Any] | None = None
-    base_image: str | None = Field(None, min_length=1, max_length=256)
+    # The pattern is documented here and enforced (with a readable message) by the service, for every caller.
+    base_image: (
+        Annotated[str, Field(min_length=1, max_length=256, json_schema_extra={"pattern": IMAGE_REFERENCE_PATTERN})]
+        | None
+    ) = None
     network: Literal["isolated", "default"] = "isolated"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -110,6 +150,9 @@ class WorkspaceModel(BaseModel):
     id: str
     status: str
     provider: str | None
+    isolation: Isolation | None = Field(
+        description="how the workspace is isolated, from its provider's capabilities; null before it has one"
+    )
     requested_provider: str
     container_type: str
     resource_limits: dict[str, str]
@@ -123,12 +166,13 @@ class WorkspaceModel(BaseModel):
     created_at: datetime
 
     @classmethod
-    def of(cls, record: WorkspaceRecord) -> WorkspaceModel:
-        """Convert from the store's record."""
+    def of(cls, record: WorkspaceRecord, *, isolation: str | None) -> WorkspaceModel:
+        """Convert from the store's record; ``isolation`` is its provider's (``WorkspaceService.isolation_of``)."""
         return cls(
             id=record.id,
             status=record.status,
             provider=record.provider,
+            isolation=isolation,  # validated against Isolation here
             requested_provider=record.requested_provider,
             container_type=record.container_type,
             resource_limits=dict(record.resource_limits),
@@ -141,3 +185,130 @@ class WorkspaceModel(BaseModel):
             error=record.error,
             created_at=record.created_at,
         )
+
+
+class HealthResponse(BaseModel):
+    """``GET /healthz``."""
+
+    status: Literal["ok"]
+    version: str
+
+
+class WorkspaceList(BaseModel):
+    """``GET /api/v1/agent/workspaces``."""
+
+    workspaces: list[WorkspaceModel]
+
+
+class ProviderStatusModel(BaseModel):
+    """One configured provider as ``GET .../providers`` shows it."""
+
+    name: str
+    status: Literal["healthy", "unhealthy"]
+    last_check: str | None
+    active_workspaces: int
+    available_resources: dict[str, Any]
+    capabilities: dict[str, Any]
+    error: str | None
+
+
+class ProvidersResponse(BaseModel):
+    """``GET /api/v1/agent/workspaces/providers``."""
+
+    providers: list[ProviderStatusModel]
+
+
+class PoolModel(BaseModel):
+    """One warm pool: its shape, target and current size, hits and misses."""
+
+    key: str
+    provider: str
+    image: str
+    resource_limits: dict[str, str]
+    network: str
+    target: int
+    size: int
+    creating: int
+    hits: int
+    misses: int
+    miss_reasons: dict[str, int]
+    last_error: str | None
+
+
+class PoolStatusResponse(BaseModel):
+    """``GET /api/v1/agent/workspaces/pool``."""
+
+    pools: list[PoolModel]
+    unpooled_misses: dict[str, int]
+
+
+class WriteFileResponse(BaseModel):
+    """``PUT .../files``: where the bytes went and how many."""
+
+    path: str
+    bytes_written: int
+
+
+class DirectoryListing(BaseModel):
+    """``GET .../files/list``."""
+
+    path: str
+    entries: list[FileInfoModel]
+
+
+class GlobResponse(BaseModel):
+    """``GET .../files/glob``."""
+
+    paths: list[str]
+
+
+# --- agent types and sessions: documented shapes; extra fields pass through (the answers are built as dicts) ----
+
+
+class AgentTypeModel(BaseModel):
+    """``{id, name, workspace}``; ``workspace`` is the full workspace configuration."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    name: str
+    workspace: dict[str, Any]
+
+
+class AgentTypeList(BaseModel):
+    """``GET /api/v1/agent-types``."""
+
+    model_config = ConfigDict(extra="allow")
+    agent_types: list[AgentTypeModel]
+
+
+class SessionModel(BaseModel):
+    """A session: its status, workspace and that workspace's isolation, warnings and tools."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str
+    agent_type_id: str
+    status: str
+    workspace_id: str | None
+    isolation: Isolation | None = Field(description="the isolation of the session's workspace; null without one")
+    degraded: bool
+    degraded_reason: str | None
+    warnings: list[str]
+    tools: list[str]
+    created_at: str
+    ended_at: str | None
+
+
+class AuditEntryModel(BaseModel):
+    """One tool call of a session."""
+
+    at: str
+    tool: str
+    arguments_summary: str
+    status: str
+    duration_ms: float
+
+
+class AuditResponse(BaseModel):
+    """``GET /api/v1/agent/sessions/{id}/audit``."""
+
+    entries: list[AuditEntryModel]

@@ -1,52 +1,89 @@
-"""``/api/v1/agent/workspaces``: create, inspect and operate workspaces (DESIGN.md's Workspaces section)."""
+"""``/api/v1/agent/workspaces``: create, inspect and operate workspaces (DESIGN.md's Workspaces section).
+
+Each route declares the error statuses its work can end in; 400 for invalid input, 401 and 413 are added to the
+OpenAPI document by :mod:`corral.api.openapi`. Every workspace answer names its ``isolation``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from corral.api.deps import ServiceDep
+from corral.api.errors import error_responses
 from corral.api.schemas import (
     ChmodBody,
     CreateWorkspaceBody,
+    DirectoryListing,
     ExecBody,
     ExecResponse,
     FileInfoModel,
+    GlobResponse,
     MoveBody,
+    PoolStatusResponse,
+    ProvidersResponse,
+    WorkspaceList,
     WorkspaceModel,
+    WriteFileResponse,
 )
 from corral.errors import ExecTimeoutError, InvalidRequestError
-from corral.orchestrator.service import CreateWorkspace
+from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ResourceLimits
+from corral.store import WorkspaceRecord
 
 __all__ = ["router"]
 
 router = APIRouter(prefix="/api/v1/agent/workspaces", tags=["workspaces"])
 
 DEFAULT_EXEC_TIMEOUT_S = 600.0
-PathQuery = Annotated[str, Query(description="a path inside /workspace; relative paths start there")]
+# minLength is documented, not enforced here: the service refuses an empty path with a clearer message.
+PathQuery = Annotated[
+    str, Query(description="a path inside /workspace; relative paths start there", json_schema_extra={"minLength": 1})
+]
+
+# What operating on a workspace can end in: not found, destroyed, not in a state for it, or its runtime failing
+# (the provider unavailable, the agent broken or not answering in time).
+WORKSPACE_ERRORS = (404, 409, 410, 502, 503, 504)
+RAW_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+class OctetStreamResponse(StreamingResponse):
+    """A streamed body of raw bytes."""
+
+    media_type = "application/octet-stream"
+
+
+def _model(service: WorkspaceService, record: WorkspaceRecord) -> WorkspaceModel:
+    return WorkspaceModel.of(record, isolation=service.isolation_of(record.provider))
 
 
 @router.get("/providers")
-async def list_providers(service: ServiceDep) -> dict[str, Any]:
+async def list_providers(service: ServiceDep) -> ProvidersResponse:
     """Every configured provider with its cached health, active workspaces and capabilities."""
-    return {"providers": await service.provider_status()}
+    return ProvidersResponse.model_validate({"providers": await service.provider_status()})
 
 
 @router.get("/pool")
-async def pool_status(service: ServiceDep) -> dict[str, Any]:
+async def pool_status(service: ServiceDep) -> PoolStatusResponse:
     """Each warm pool: provider, image, target and current size, hits and misses (with reasons)."""
     if service.pools is None:
-        return {"pools": [], "unpooled_misses": {}}
-    return {"pools": await service.pools.status(), "unpooled_misses": service.pools.unpooled_misses()}
+        return PoolStatusResponse(pools=[], unpooled_misses={})
+    return PoolStatusResponse.model_validate(
+        {"pools": await service.pools.status(), "unpooled_misses": service.pools.unpooled_misses()}
+    )
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, responses=error_responses(403, 422, 503))
 async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> WorkspaceModel:
-    """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back."""
+    """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back.
+
+    Only provider failures fall back: bad input (400), limits no host here can give (422) and a provider the
+    operator has not allowed (403, plain ``docker`` unless CORRAL_ALLOW_DOCKER_FALLBACK is true) are refused before
+    any provider is tried.
+    """
     limits = ResourceLimits.parse(body.resource_limits, defaults=service.default_limits())
     record = await service.create(
         CreateWorkspace(
@@ -58,40 +95,40 @@ async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> Wo
             metadata=body.metadata,
         )
     )
-    return WorkspaceModel.of(record)
+    return _model(service, record)
 
 
 @router.get("")
-async def list_workspaces(service: ServiceDep) -> dict[str, list[WorkspaceModel]]:
+async def list_workspaces(service: ServiceDep) -> WorkspaceList:
     """Every workspace that is not destroyed."""
-    return {"workspaces": [WorkspaceModel.of(r) for r in await service.list_workspaces()]}
+    return WorkspaceList(workspaces=[_model(service, r) for r in await service.list_workspaces()])
 
 
-@router.get("/{workspace_id}")
+@router.get("/{workspace_id}", responses=error_responses(404))
 async def get_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
     """One workspace (destroyed ones too, with status ``destroyed``)."""
-    return WorkspaceModel.of(await service.get(workspace_id))
+    return _model(service, await service.get(workspace_id))
 
 
-@router.delete("/{workspace_id}")
+@router.delete("/{workspace_id}", responses=error_responses(404, 503))
 async def delete_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
     """Destroy the workspace: its container and volume are removed. Repeating it is fine."""
-    return WorkspaceModel.of(await service.destroy(workspace_id))
+    return _model(service, await service.destroy(workspace_id))
 
 
-@router.post("/{workspace_id}/stop")
+@router.post("/{workspace_id}/stop", responses=error_responses(404, 409, 410, 503))
 async def stop_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
     """Stop the workspace; /workspace is kept for resume."""
-    return WorkspaceModel.of(await service.stop(workspace_id))
+    return _model(service, await service.stop(workspace_id))
 
 
-@router.post("/{workspace_id}/resume")
+@router.post("/{workspace_id}/resume", responses=error_responses(400, 404, 409, 410, 422, 503))
 async def resume_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
     """Resume a stopped workspace."""
-    return WorkspaceModel.of(await service.resume(workspace_id))
+    return _model(service, await service.resume(workspace_id))
 
 
-@router.post("/{workspace_id}/exec")
+@router.post("/{workspace_id}/exec", responses=error_responses(*WORKSPACE_ERRORS, 429))
 async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -> ExecResponse:
     """Run a command; a nonzero exit is a result. Past ``timeout_s`` the command is killed: ``timed_out: true``."""
     request = ExecRequest(
@@ -126,8 +163,15 @@ async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -
 # --- files ----------------------------------------------------------------------------------------------------------
 
 
-@router.get("/{workspace_id}/files")
-async def read_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> StreamingResponse:
+@router.get(
+    "/{workspace_id}/files",
+    response_class=OctetStreamResponse,
+    responses={
+        200: {"description": "the file's raw bytes", "content": RAW_BYTES},
+        **error_responses(*WORKSPACE_ERRORS),
+    },
+)
+async def read_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> OctetStreamResponse:
     """The file's raw bytes, streamed."""
     chunks = await service.read_file(workspace_id, path)
 
@@ -138,61 +182,67 @@ async def read_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> 
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    return OctetStreamResponse(body())
 
 
-@router.put("/{workspace_id}/files")
+@router.put(
+    "/{workspace_id}/files",
+    responses=error_responses(*WORKSPACE_ERRORS, 422),
+    openapi_extra={"requestBody": {"required": True, "content": RAW_BYTES, "description": "the file's raw bytes"}},
+)
 async def write_file(
     workspace_id: str,
     path: PathQuery,
     request: Request,
     service: ServiceDep,
     mode: Annotated[str | None, Query(description="permission bits in octal, e.g. 0644")] = None,
-) -> dict[str, Any]:
-    """Write the request body to the file (parents created), streaming it through."""
+) -> WriteFileResponse:
+    """Write the request body (raw bytes, any length) to the file, parents created, streaming it through."""
     absolute, written = await service.write_file(workspace_id, path, request.stream(), mode=_mode(mode))
-    return {"path": absolute, "bytes_written": written}
+    return WriteFileResponse(path=absolute, bytes_written=written)
 
 
-@router.delete("/{workspace_id}/files", status_code=204)
+@router.delete("/{workspace_id}/files", status_code=204, responses=error_responses(*WORKSPACE_ERRORS))
 async def delete_file(workspace_id: str, path: PathQuery, service: ServiceDep, recursive: bool = False) -> Response:
     """Delete a file, or a directory (non-empty ones with ``recursive=true``)."""
     await service.delete(workspace_id, path, recursive=recursive)
     return Response(status_code=204)
 
 
-@router.get("/{workspace_id}/files/stat")
+@router.get("/{workspace_id}/files/stat", responses=error_responses(*WORKSPACE_ERRORS))
 async def stat_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> FileInfoModel:
     """Metadata of one path (a final symlink is not followed)."""
     return FileInfoModel.of(await service.stat(workspace_id, path))
 
 
-@router.get("/{workspace_id}/files/list")
-async def list_files(workspace_id: str, service: ServiceDep, path: PathQuery = WORKSPACE_ROOT) -> dict[str, Any]:
+@router.get("/{workspace_id}/files/list", responses=error_responses(*WORKSPACE_ERRORS))
+async def list_files(workspace_id: str, service: ServiceDep, path: PathQuery = WORKSPACE_ROOT) -> DirectoryListing:
     """A directory's entries, sorted by name."""
     entries = await service.list_dir(workspace_id, path)
-    return {"path": path, "entries": [FileInfoModel.of(e) for e in entries]}
+    return DirectoryListing(path=path, entries=[FileInfoModel.of(e) for e in entries])
 
 
-@router.get("/{workspace_id}/files/glob")
+@router.get("/{workspace_id}/files/glob", responses=error_responses(*WORKSPACE_ERRORS))
 async def glob_files(
     workspace_id: str,
-    pattern: Annotated[str, Query(description="a glob relative to path; ** matches any depth")],
+    pattern: Annotated[
+        str, Query(description="a glob relative to path; ** matches any depth", json_schema_extra={"minLength": 1})
+    ],
     service: ServiceDep,
     path: PathQuery = WORKSPACE_ROOT,
-) -> dict[str, Any]:
+) -> GlobResponse:
     """Paths matching the pattern, sorted."""
-    return {"paths": await service.glob(workspace_id, pattern, path)}
+    return GlobResponse(paths=await service.glob(workspace_id, pattern, path))
 
 
-@router.post("/{workspace_id}/files/move", status_code=204)
+@router.post("/{workspace_id}/files/move", status_code=204, responses=error_responses(*WORKSPACE_ERRORS))
 async def move_file(workspace_id: str, body: MoveBody, service: ServiceDep) -> Response:
     """Rename ``src`` to ``dst`` (parents of ``dst`` are created)."""
     await service.move(workspace_id, body.src, body.dst)
     return Response(status_code=204)
 
 
-@router.post("/{workspace_id}/files/chmod", status_code=204)
+@router.post("/{workspace_id}/files/chmod", status_code=204, responses=error_responses(*WORKSPACE_ERRORS))
 async def chmod_file(workspace_id: str, body: ChmodBody, service: ServiceDep) -> Response:
     """Set permission bits."""
     mode = _mode(body.mode) if isinstance(body.mode, str) else body.mode

@@ -86,6 +86,8 @@ def _parse_pool(raw: object, where: str, settings: Settings, service: WorkspaceS
     provider, image = raw["provider"], raw.get("image", settings.base_image)
     if not isinstance(provider, str) or provider not in service.providers:
         raise InvalidRequestError(f"{where}: provider {provider!r} is not configured")
+    if provider == "docker" and not settings.allow_docker_fallback:  # no request could ever claim one
+        raise InvalidRequestError(f"{where}: provider 'docker' is not allowed unless CORRAL_ALLOW_DOCKER_FALLBACK=true")
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequestError(f"{where}: image must be an image name")
     network = raw.get("network", "isolated")
