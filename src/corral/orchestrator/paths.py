@@ -1,7 +1,12 @@
 """Keeping file paths inside ``/workspace``, symlinks included.
 
-Used by the HTTP file API and the agent tools: a path is normalised lexically first (so ``../etc/passwd`` is refused
-without a round trip), then resolved by the provider (so a symlink ``/workspace/x -> /etc`` is refused too).
+A path is normalised lexically first (:func:`lexically_confined`, so ``../etc/passwd`` is refused without a round
+trip). File operations (the HTTP file API, the read/write/edit/glob tools) then pass ``beneath=WORKSPACE_ROOT`` to
+the provider, which resolves the path beneath /workspace in the same step as the operation, so a symlink
+``/workspace/x -> /etc`` is refused even when a process in the workspace swaps it in at the last moment.
+
+:func:`confine` adds a separate ``realpath`` round trip for paths handed to a command (grep's rg, git's options): the
+command follows symlinks itself, so no provider can confine it; the check narrows that to a race, it cannot close it.
 """
 
 from __future__ import annotations

@@ -18,7 +18,10 @@ created at start (as root). CPU, memory and disk are the template's: E2B sets th
   :class:`~corral.errors.ExecTimeoutError` carries the output so far.
 * Files use ``sandbox.files`` (streamed both ways, octet-stream uploads). ``chmod``, ``glob`` (``python3``),
   ``realpath`` and the ``mode`` of ``write_file`` run small commands; a non-recursive ``delete`` of a non-empty
-  directory is refused here, as envd's ``Remove`` is always recursive.
+  directory is refused here, as envd's ``Remove`` is always recursive. envd takes plain paths and follows symlinks,
+  so ``beneath`` is best effort: the path's ``realpath`` is checked first (:func:`check_beneath`) and the call then
+  made on that real path; a process in the sandbox that swaps a directory for a symlink right after the check wins
+  the race.
 * Errors are translated at this boundary: an unknown API key, an unreachable API and API failures become
   :class:`~corral.errors.ProviderUnavailableError`; rate limits and quotas (HTTP 429) and a full disk become
   :class:`~corral.errors.ResourceLimitError`. Both let auto selection fall back to the next provider.
@@ -33,7 +36,7 @@ import json
 import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
@@ -80,8 +83,11 @@ from corral.providers.base import (
     FileInfo,
     Health,
     WorkspaceSpec,
+    check_beneath,
     check_path,
     collect_exec,
+    escape_error,
+    lies_beneath,
 )
 from corral.providers.base import (
     SandboxState as CorralSandboxState,
@@ -103,12 +109,46 @@ STREAM_GRACE_S = 30.0
 _SIGNAL_NUMBERS = {"killed": 9, "terminated": 15, "interrupt": 2, "hangup": 1, "aborted": 6, "segmentation fault": 11}
 
 _GLOB_SCRIPT = """
-import glob, json, os, sys
-root, pattern, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import fnmatch, glob, json, os, re, stat, sys
+root, pattern, limit, beneath = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
 if not os.path.isdir(root):
     print(json.dumps({"error": "not_found"})); sys.exit(0)
+def entries(path):
+    try:
+        with os.scandir(path) as it:
+            return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in it)
+    except OSError:
+        return []
+def walk(path, rel, parts):  # glob's rules, but symlinks are matched and never walked into (for beneath)
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from walk(path, rel, rest)
+        for name, is_dir in entries(path):
+            if name.startswith("."):
+                continue
+            if not rest:
+                yield rel + name
+            if is_dir:
+                yield from walk(os.path.join(path, name), rel + name + "/", parts)
+        return
+    if re.search("[*?[]", head):
+        hidden = head.startswith(".")
+        found = [(n, d) for n, d in entries(path) if fnmatch.fnmatchcase(n, head) and (hidden or n[:1] != ".")]
+    else:
+        try:
+            found = [(head, stat.S_ISDIR(os.lstat(os.path.join(path, head)).st_mode))]
+        except OSError:
+            return
+    for name, is_dir in found:
+        if not rest:
+            yield rel + name
+        elif is_dir:
+            yield from walk(os.path.join(path, name), rel + name + "/", rest)
+parts = [p for p in pattern.split("/") if p not in ("", ".")]
+matches = walk(root, "", parts) if beneath else glob.iglob(pattern, root_dir=root, recursive=True)
 paths = []
-for rel in glob.iglob(pattern, root_dir=root, recursive=True):
+for rel in matches:
     paths.append(os.path.normpath(os.path.join(root, rel)))
     if len(paths) > limit:
         break
@@ -441,9 +481,11 @@ class E2BProvider:
         except Exception as exc:
             raise self._translate(exc, workspace_id, files=True) from exc
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
         """Open for streaming; a missing file raises WorkspaceFileNotFoundError before the first chunk."""
         path = check_path(path)
+        if beneath is not None:
+            path = await check_beneath(self, workspace_id, path, beneath)  # best effort: the module docstring
         sandbox = await self._running(workspace_id)
         reader = await self._file_call(workspace_id, sandbox.files.read(path, format="stream"))
         return self._chunks(workspace_id, reader)
@@ -458,10 +500,18 @@ class E2BProvider:
             await reader.aclose()
 
     async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
     ) -> int:
         """Upload (octet-stream, streamed for iterables), creating parents; then set ``mode`` if given."""
         path = check_path(path)
+        if beneath is not None:
+            path = await check_beneath(self, workspace_id, path, beneath)  # best effort: the module docstring
         sandbox = await self._running(workspace_id)
         written = 0
 
@@ -482,52 +532,82 @@ class E2BProvider:
             await self.chmod(workspace_id, path, mode)
         return written
 
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
         """Directory entries, sorted by name."""
         path = check_path(path)
+        target = path
+        if beneath is not None:  # best effort: see the module docstring
+            target = await check_beneath(self, workspace_id, path, beneath)  # envd lists no symlink: list its target
         sandbox = await self._running(workspace_id)
-        entries = await self._file_call(workspace_id, sandbox.files.list(path, depth=1))
-        return sorted((_file_info(e) for e in entries), key=lambda info: info.name)
+        entries = await self._file_call(workspace_id, sandbox.files.list(target, depth=1))
+        infos = (_file_info(e) for e in entries)
+        if target != path:
+            infos = (replace(i, path=posixpath.join(path, i.name)) for i in infos)
+        return sorted(infos, key=lambda info: info.name)
 
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
         """Information about one path."""
-        path = check_path(path)
+        requested = path = check_path(path)
+        if beneath is not None:
+            path = await check_beneath(self, workspace_id, path, beneath, follow=False)  # best effort
         sandbox = await self._running(workspace_id)
-        return _file_info(await self._file_call(workspace_id, sandbox.files.get_info(path)))
+        info = _file_info(await self._file_call(workspace_id, sandbox.files.get_info(path)))
+        return info if path == requested else replace(info, path=requested)
 
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
         """Remove a file or directory; a non-empty directory only with ``recursive`` (envd's Remove always recurses)."""
         path = check_path(path)
+        if beneath is not None:
+            path = await check_beneath(self, workspace_id, path, beneath, follow=False)  # best effort
         info = await self.stat(workspace_id, path)
         if info.type == "dir" and not recursive and await self.list_dir(workspace_id, path):
             raise FileOperationError(f"{path}: directory not empty", details={"kind": "not_empty"})
         sandbox = await self._running(workspace_id)
         await self._file_call(workspace_id, sandbox.files.remove(path))
 
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
         """Rename, creating the destination's parents."""
         src, dst = check_path(src, field_name="src"), check_path(dst, field_name="dst")
+        if beneath is not None:  # best effort: see the module docstring
+            src = await check_beneath(self, workspace_id, src, beneath, follow=False)
+            dst = await check_beneath(self, workspace_id, dst, beneath, follow=False)
         sandbox = await self._running(workspace_id)
         parent = posixpath.dirname(dst)
         if parent and parent != "/":
             await self._file_call(workspace_id, sandbox.files.make_dir(parent))
         await self._file_call(workspace_id, sandbox.files.rename(src, dst))
 
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
         """Set permission bits (runs ``chmod``)."""
         path = check_path(path)
+        if beneath is not None:
+            path = await check_beneath(self, workspace_id, path, beneath)  # best effort: the module docstring
         result = await self._command(workspace_id, ["chmod", f"{mode:o}", "--", path])
         if result.exit_code != 0:
             raise _command_error(path, result)
 
     async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
     ) -> list[str]:
-        """Matching absolute paths, sorted (runs Python's ``glob`` in the sandbox)."""
+        """Matching absolute paths, sorted (runs Python's ``glob`` in the sandbox).
+
+        With ``beneath`` (best effort: ``root`` is checked first) symlinks are matched but never walked into.
+        """
         if not pattern or "\x00" in pattern:
             raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
         root = check_path(root, field_name="root")
-        result = await self._command(workspace_id, ["python3", "-c", _GLOB_SCRIPT, root, pattern, str(limit)])
+        if beneath is not None:
+            await check_beneath(self, workspace_id, root, beneath)
+        argv = ["python3", "-c", _GLOB_SCRIPT, root, pattern, str(limit), "0" if beneath is None else "1"]
+        result = await self._command(workspace_id, argv)
         if result.exit_code != 0:
             raise FileOperationError(f"glob failed: {result.stderr.decode(errors='replace').strip()}")
         answer = json.loads(result.stdout)
@@ -535,13 +615,18 @@ class E2BProvider:
             raise WorkspaceFileNotFoundError(f"{root}: no such directory")
         return list(answer["paths"])
 
-    async def realpath(self, workspace_id: str, path: str) -> str:
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
         """The path with symlinks resolved; missing components kept (``realpath -m``)."""
         path = check_path(path)
         result = await self._command(workspace_id, ["realpath", "-m", "--", path])
         if result.exit_code != 0:
             raise _command_error(path, result)
-        return result.stdout.decode().removesuffix("\n")
+        real = result.stdout.decode().removesuffix("\n")
+        if beneath is not None:
+            root = posixpath.normpath(check_path(beneath, field_name="beneath"))
+            if not (lies_beneath(posixpath.normpath(path), root) and lies_beneath(real, root)):
+                raise escape_error(path, root, f" (it resolves to {real})")
+        return real
 
     async def _command(self, workspace_id: str, argv: list[str]) -> ExecResult:
         request = ExecRequest(argv[0], tuple(argv[1:]), mode=ExecMode.ARGV, cwd="/", timeout_s=60)

@@ -7,13 +7,15 @@ deterministic interpreter that understands just enough ``/bin/sh`` for the confo
 * single and double quotes, backslash escapes, ``$VAR``, ``${VAR}`` and ``$?`` (shell mode only);
 * redirects ``>&2``, ``1>&2``, ``2>&1``, ``> FILE``, ``>> FILE``, ``2> FILE`` (``/dev/null`` discards);
 * the commands ``echo [-n]``, ``printf`` (``%s``, ``%d``, ``%%``, ``\\n``, ``\\t``), ``exit N``, ``true``,
-  ``false``, ``:``, ``sleep N`` (a real ``asyncio.sleep``), ``cat FILE...``, ``touch FILE...``, ``pwd``, ``cd DIR``
-  and ``sh -c SCRIPT``. Anything else exits 127 with ``sh: 1: NAME: not found``; pipes, subshells, background jobs
-  and command substitution exit 2 with a syntax error rather than doing something surprising.
+  ``false``, ``:``, ``sleep N`` (a real ``asyncio.sleep``), ``cat FILE...``, ``touch FILE...``, ``pwd``, ``cd DIR``,
+  ``ln -s TARGET LINK`` and ``sh -c SCRIPT``. Anything else exits 127 with ``sh: 1: NAME: not found``; pipes,
+  subshells, background jobs and command substitution exit 2 with a syntax error rather than doing something
+  surprising.
 
 In argv mode ``argv[0]`` names one of those commands and the rest are literal arguments: nothing is parsed or
 expanded, exactly as with a real ``execve``. Output is streamed after every statement, so ``echo a; sleep 1; echo b``
-yields ``a`` a second before ``b``. Symlinks are not modelled, so ``realpath`` only normalises.
+yields ``a`` a second before ``b``. Symlinks are modelled: every path is resolved the way the kernel does (``..`` is
+collapsed lexically first), and file calls given ``beneath`` refuse paths and symlinks that lead outside it.
 
 Failure injection for tests: set :attr:`FakeProvider.fail_create`, :attr:`FakeProvider.healthy` /
 :attr:`FakeProvider.health_error` and :attr:`FakeProvider.create_delay_s`; :attr:`FakeProvider.calls` records every
@@ -29,13 +31,14 @@ import posixpath
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Literal
 
 from corral.errors import (
     ExecTimeoutError,
     FileOperationError,
+    InvalidRequestError,
     ProviderUnavailableError,
     SandboxNotFoundError,
     WorkspaceFileNotFoundError,
@@ -54,6 +57,7 @@ from corral.providers.base import (
     SandboxState,
     WorkspaceSpec,
     check_path,
+    escape_error,
 )
 
 __all__ = ["CHUNK_SIZE", "FakeProvider"]
@@ -65,6 +69,7 @@ _TMP = "/tmp"  # noqa: S108 - the sandbox's own /tmp, which the fake keeps in me
 _BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
 _UNDELETABLE = frozenset({"/", WORKSPACE_ROOT, _TMP})  # mount points: a real rm fails with EBUSY
 _KILLED_EXIT_CODE = 137  # 128 + SIGKILL, what a runtime reports for a process killed by stop or destroy
+_MAX_SYMLINK_HOPS = 40  # Linux's limit
 
 
 # --- the file system ----------------------------------------------------------------------------------------------
@@ -89,6 +94,15 @@ def _is_under(path: str, root: str) -> bool:
     return root in ("/", path) or path.startswith(root + "/")
 
 
+def _as(info: FileInfo, path: str) -> FileInfo:
+    """``info`` reported under ``path``, the path as given (symlinks on the way may have led elsewhere)."""
+    return replace(info, path=path, name=posixpath.basename(path) or "/")
+
+
+def _escape(path: str, root: str, via: str) -> InvalidRequestError:
+    return escape_error(path, root, via)
+
+
 @dataclass(slots=True)
 class _File:
     data: bytes
@@ -109,9 +123,55 @@ class _FileSystem:
         now = time.time()
         self.files: dict[str, _File] = {}
         self.dirs: dict[str, _Dir] = {"/": _Dir(0o755, now), WORKSPACE_ROOT: _Dir(0o755, now), _TMP: _Dir(0o1777, now)}
+        self.links: dict[str, str] = {}  # symlink path -> target, as given to ``ln -s``
+
+    def resolve(self, path: str, *, follow: bool = True, beneath: str | None = None) -> str:
+        """``path`` with its symlinks resolved: every directory on the way, and the last component with ``follow``.
+
+        Missing components are kept as they are. With ``beneath``, a path, symlink or ``..`` leading outside that
+        directory raises InvalidRequestError, as the agent of the real providers does.
+        """
+        root = None if beneath is None else _normalize(beneath)
+        if root is not None and not _is_under(path, root):
+            raise _escape(path, root, "")
+        floor = 0 if root is None else len([p for p in root.split("/") if p])  # components ``..`` may not go below
+        todo = [p for p in path.split("/") if p not in ("", ".")][::-1]
+        done: list[str] = []
+        hops, via = 0, ""
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if root is not None and len(done) <= floor:
+                    raise _escape(path, root, via or " through '..'")
+                if done:
+                    done.pop()
+                continue
+            current = "/" + "/".join([*done, part])
+            target = self.links.get(current)
+            if target is None or (not todo and not follow):
+                done.append(part)
+                continue
+            hops += 1
+            if hops > _MAX_SYMLINK_HOPS:
+                raise _os_error(path, "Too many levels of symbolic links", "ELOOP")
+            via = f" through the symlink {current} -> {target}"
+            if target.startswith("/"):
+                if root is not None and not (target == root or target.startswith(root.rstrip("/") + "/")):
+                    raise _escape(path, root, via)
+                done = []
+            todo.extend([p for p in target.split("/") if p not in ("", ".")][::-1])
+        return "/" + "/".join(done)
+
+    def symlink(self, target: str, path: str) -> None:
+        if self._exists(path):
+            raise _os_error(path, "File exists", "EEXIST")
+        self._check_parent(path, create=False)
+        self.links[path] = target
 
     def info(self, path: str) -> FileInfo:
         name = posixpath.basename(path) or "/"
+        if (target := self.links.get(path)) is not None:
+            return FileInfo(path, name, "symlink", len(target.encode()), 0o777, time.time(), symlink_target=target)
         if (file := self.files.get(path)) is not None:
             return FileInfo(path=path, name=name, type="file", size=len(file.data), mode=file.mode, mtime=file.mtime)
         if (folder := self.dirs.get(path)) is not None:
@@ -159,19 +219,22 @@ class _FileSystem:
 
     def descendants(self, root: str) -> list[str]:
         """Every path strictly below ``root``."""
-        return [p for p in [*self.dirs, *self.files] if p != root and _is_under(p, root)]
+        return [p for p in [*self.dirs, *self.files, *self.links] if p != root and _is_under(p, root)]
 
     def listdir(self, path: str) -> list[FileInfo]:
         if path in self.files:
             raise _os_error(path, "Not a directory", "ENOTDIR")
         if path not in self.dirs:
             raise _not_found(path)
-        children = [p for p in [*self.dirs, *self.files] if p != path and posixpath.dirname(p) == path]
+        children = [p for p in [*self.dirs, *self.files, *self.links] if p != path and posixpath.dirname(p) == path]
         return sorted((self.info(child) for child in children), key=lambda entry: entry.name)
 
     def delete(self, path: str, *, recursive: bool) -> None:
         if path in self.files:
             del self.files[path]
+            return
+        if path in self.links:
+            del self.links[path]
             return
         if path not in self.dirs:
             raise _not_found(path)
@@ -183,10 +246,11 @@ class _FileSystem:
         for p in [path, *below]:
             self.files.pop(p, None)
             self.dirs.pop(p, None)
+            self.links.pop(p, None)
 
     def move(self, src: str, dst: str) -> None:
-        """``rename(2)`` semantics, plus creating the parents of ``dst``."""
-        if src not in self.files and src not in self.dirs:
+        """``rename(2)`` semantics, plus creating the parents of ``dst``; a symlink is moved, not followed."""
+        if not self._exists(src):
             raise _not_found(src)
         if src == dst:
             return
@@ -194,7 +258,7 @@ class _FileSystem:
             raise _os_error(src, "Device or resource busy", "EBUSY")
         if src in self.dirs and _is_under(dst, src):
             raise _os_error(dst, "Invalid argument (cannot move a directory into itself)", "EINVAL")
-        if src in self.files and dst in self.dirs:
+        if src not in self.dirs and dst in self.dirs:
             raise _os_error(dst, "Is a directory", "EISDIR")
         if src in self.dirs and dst in self.files:
             raise _os_error(dst, "Not a directory", "ENOTDIR")
@@ -202,10 +266,14 @@ class _FileSystem:
             raise _os_error(dst, "Directory not empty", "ENOTEMPTY")
         self._check_parent(dst, create=True)
         self.dirs.pop(dst, None)
+        self.files.pop(dst, None)
+        self.links.pop(dst, None)
         for old in [src, *self.descendants(src)]:
             new = dst + old[len(src) :]
             if old in self.files:
                 self.files[new] = self.files.pop(old)
+            elif old in self.links:
+                self.links[new] = self.links.pop(old)
             else:
                 self.dirs[new] = self.dirs.pop(old)
 
@@ -224,7 +292,7 @@ class _FileSystem:
         return sorted(p for p in candidates if _glob_match(parts, p.split("/")[1:]) and self._exists(p))[:limit]
 
     def _exists(self, path: str) -> bool:
-        return path in self.files or path in self.dirs
+        return path in self.files or path in self.dirs or path in self.links
 
 
 def _glob_match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
@@ -478,6 +546,7 @@ class _Shell:
             "touch": self._touch,
             "pwd": self._pwd,
             "cd": self._cd,
+            "ln": self._ln,
             "sh": self._sh,
         }
 
@@ -558,8 +627,8 @@ class _Shell:
         if target == "/dev/null":
             self.sinks[redirect.fd] = _NULL
             return None
-        path = _normalize(target, self.cwd)
         try:
+            path = self._real(target)
             if not redirect.append or path not in self.fs.files:
                 self.fs.write(path, b"", parents=False)
         except FileOperationError as exc:
@@ -581,6 +650,10 @@ class _Shell:
 
     def _error(self, message: str) -> None:
         self.write(2, f"{message}\n".encode())
+
+    def _real(self, arg: str) -> str:
+        """The path an argument names, relative to the working directory, with its symlinks followed."""
+        return self.fs.resolve(_normalize(arg, self.cwd))
 
     # -- commands -------------------------------------------------------------------------------------------------
 
@@ -670,7 +743,7 @@ class _Shell:
             if arg == "-":
                 continue  # there is no stdin: reading it gives nothing
             try:
-                self.write(1, self.fs.read(_normalize(arg, self.cwd)))
+                self.write(1, self.fs.read(self._real(arg)))
             except FileOperationError as exc:
                 self._error(f"cat: {arg}: {exc.message.rpartition(': ')[2]}")
                 status = 1
@@ -680,7 +753,7 @@ class _Shell:
         status = 0
         for arg in args:
             try:
-                self.fs.touch(_normalize(arg, self.cwd))
+                self.fs.touch(self._real(arg))
             except FileOperationError as exc:
                 self._error(f"touch: cannot touch '{arg}': {exc.message.rpartition(': ')[2]}")
                 status = 1
@@ -692,11 +765,25 @@ class _Shell:
 
     async def _cd(self, args: list[str]) -> int:
         target = args[0] if args else self.env.get("HOME", "/")
-        path = _normalize(target, self.cwd)
+        try:
+            path = self._real(target)
+        except FileOperationError:
+            path = ""
         if path not in self.fs.dirs:
             self._error(f"sh: 1: cd: can't cd to {target}")
             return 2
         self.cwd = path
+        return 0
+
+    async def _ln(self, args: list[str]) -> int:
+        if len(args) != 3 or args[0] != "-s":
+            self._error("ln: the fake shell only runs `ln -s TARGET LINK`")
+            return 1
+        try:
+            self.fs.symlink(args[1], self.fs.resolve(_normalize(args[2], self.cwd), follow=False))
+        except FileOperationError as exc:
+            self._error(f"ln: failed to create symbolic link '{args[2]}': {exc.message.rpartition(': ')[2]}")
+            return 1
         return 0
 
     async def _sh(self, args: list[str]) -> int:
@@ -872,7 +959,7 @@ class FakeProvider:
         start = time.monotonic()
         pending: list[ExecOutput] = []
         env = {**_BASE_ENV, **workspace.spec.env, **request.env}
-        cwd = _normalize(request.cwd)
+        cwd = workspace.fs.resolve(_normalize(request.cwd))
         shell = _Shell(workspace.fs, env=env, cwd=cwd, halt=workspace.halt, pending=pending)
         argv = request.argv()
         try:
@@ -896,19 +983,25 @@ class FakeProvider:
 
     # -- files ----------------------------------------------------------------------------------------------------
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
         """Check the path now, then return an iterator over 64 KiB chunks of a snapshot of the content."""
         self.calls.append(("read_file", workspace_id))
-        data = self._running(workspace_id).fs.read(_normalize(check_path(path)))
+        fs = self._running(workspace_id).fs
+        data = fs.read(fs.resolve(_normalize(check_path(path)), beneath=beneath))
         return _chunks(data)
 
     async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
     ) -> int:
         """Store the content (collected from the iterable if need be) once it is complete."""
         self.calls.append(("write_file", workspace_id))
-        target = _normalize(check_path(path))
-        self._running(workspace_id)
+        target = self._running(workspace_id).fs.resolve(_normalize(check_path(path)), beneath=beneath)
         if isinstance(data, bytes | bytearray | memoryview):
             content = bytes(data)
         else:
@@ -916,49 +1009,73 @@ class FakeProvider:
             async for chunk in data:
                 buffer.extend(chunk)
             content = bytes(buffer)
-        self._running(workspace_id).fs.write(target, content, mode=mode)  # it may have stopped meanwhile
+        fs = self._running(workspace_id).fs  # it may have stopped meanwhile
+        fs.write(fs.resolve(target, beneath=beneath), content, mode=mode)  # a symlink may have appeared meanwhile
         return len(content)
 
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
-        """Entries of the directory, sorted by name."""
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
+        """Entries of the directory, sorted by name, reported under the path as given."""
         self.calls.append(("list_dir", workspace_id))
-        return self._running(workspace_id).fs.listdir(_normalize(check_path(path)))
+        fs = self._running(workspace_id).fs
+        requested = _normalize(check_path(path))
+        entries = fs.listdir(fs.resolve(requested, beneath=beneath))
+        return [_as(e, posixpath.join(requested, e.name)) for e in entries]
 
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
-        """Remove a file or directory; a non-empty directory needs ``recursive``."""
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
+        """Remove a file, symlink or directory; a non-empty directory needs ``recursive``."""
         self.calls.append(("delete", workspace_id))
-        self._running(workspace_id).fs.delete(_normalize(check_path(path)), recursive=recursive)
+        fs = self._running(workspace_id).fs
+        fs.delete(fs.resolve(_normalize(check_path(path)), follow=False, beneath=beneath), recursive=recursive)
 
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
         """Rename with ``rename(2)`` semantics, creating the parents of ``dst``."""
         self.calls.append(("move", workspace_id))
         fs = self._running(workspace_id).fs
-        fs.move(_normalize(check_path(src, field_name="src")), _normalize(check_path(dst, field_name="dst")))
+        source = fs.resolve(_normalize(check_path(src, field_name="src")), follow=False, beneath=beneath)
+        fs.move(source, fs.resolve(_normalize(check_path(dst, field_name="dst")), follow=False, beneath=beneath))
 
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
         """Set the permission bits."""
         self.calls.append(("chmod", workspace_id))
-        self._running(workspace_id).fs.chmod(_normalize(check_path(path)), mode)
+        fs = self._running(workspace_id).fs
+        fs.chmod(fs.resolve(_normalize(check_path(path)), beneath=beneath), mode)
 
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
-        """Information about a file or directory (the fake has no symlinks)."""
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
+        """Information about a file, directory or symlink (a final symlink is not followed)."""
         self.calls.append(("stat", workspace_id))
-        return self._running(workspace_id).fs.info(_normalize(check_path(path)))
+        fs = self._running(workspace_id).fs
+        requested = _normalize(check_path(path))
+        return _as(fs.info(fs.resolve(requested, follow=False, beneath=beneath)), requested)
 
     async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
     ) -> list[str]:
-        """Files and directories under ``root`` matching ``pattern``, sorted, at most ``limit``."""
+        """Files, directories and symlinks under ``root`` matching ``pattern``, sorted, at most ``limit``.
+
+        Symlinks are matched but never walked into.
+        """
         self.calls.append(("glob", workspace_id))
         check_path(pattern, field_name="pattern")
+        if beneath is not None and (pattern.startswith("/") or ".." in pattern.split("/")):
+            raise _escape(pattern, _normalize(beneath), " (a glob pattern must be relative and must not hold '..')")
         fs = self._running(workspace_id).fs
-        return fs.glob(pattern, _normalize(check_path(root, field_name="root")), limit)
+        requested = _normalize(check_path(root, field_name="root"))
+        real = fs.resolve(requested, beneath=beneath)
+        found = fs.glob(pattern, real, limit)
+        return [requested + p[len(real) :] if real != "/" else requested.rstrip("/") + p for p in found]
 
-    async def realpath(self, workspace_id: str, path: str) -> str:
-        """The normalised absolute path: without symlinks there is nothing to resolve."""
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
+        """The normalised absolute path with its symlinks resolved (missing components are kept)."""
         self.calls.append(("realpath", workspace_id))
-        self._running(workspace_id)
-        return _normalize(check_path(path))
+        return self._running(workspace_id).fs.resolve(_normalize(check_path(path)), beneath=beneath)
 
     # -- provider -------------------------------------------------------------------------------------------------
 

@@ -5,12 +5,19 @@ streamed as NDJSON lines and file contents streamed both ways. Errors are transl
 (:data:`ERROR_CODES`): the backend's error codes become the matching :mod:`corral.errors` classes, while transport
 failures, refused tokens and answers outside the contract become :class:`~corral.errors.ProviderUnavailableError`,
 so auto selection falls back to the next provider. :mod:`corral.providers.http_backend` is the reference backend.
+
+``beneath`` on file calls is sent to the backend as a query parameter (the reference backend hands it to its
+provider, which may enforce it race-free), and is also checked here first with ``realpath``
+(:func:`~corral.providers.base.check_beneath`), because a backend that predates the parameter ignores it. That check
+is best effort: a process in the sandbox that swaps a directory for a symlink right after it wins the race.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -42,7 +49,11 @@ from corral.providers.base import (
     Health,
     SandboxState,
     WorkspaceSpec,
+    check_beneath,
+    check_path,
     collect_exec,
+    escape_error,
+    lies_beneath,
 )
 
 if TYPE_CHECKING:
@@ -255,9 +266,19 @@ class HttpProvider:
 
     # --- files ------------------------------------------------------------------------------------------------------
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    async def _beneath(
+        self, workspace_id: str, path: str, beneath: str | None, *, follow: bool = True
+    ) -> dict[str, str]:
+        """The query parameter that confines a file call, after the best-effort check (see the module docstring)."""
+        if beneath is None:
+            return {}
+        await check_beneath(self, workspace_id, path, beneath, follow=follow)
+        return {"beneath": beneath}
+
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
         """Open the file (errors are raised here) and return an iterator over its streamed content."""
-        response = await self._call("GET", f"{self._ws(workspace_id)}/files", params={"path": path}, stream=True)
+        params = {"path": path, **await self._beneath(workspace_id, path, beneath)}
+        response = await self._call("GET", f"{self._ws(workspace_id)}/files", params=params, stream=True)
         return self._body(response)
 
     async def _body(self, response: httpx.Response) -> AsyncGenerator[bytes, None]:
@@ -270,47 +291,94 @@ class HttpProvider:
             await response.aclose()
 
     async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
     ) -> int:
         """PUT the content as a streamed body; return the byte count the backend wrote."""
         params = {"path": path} if mode is None else {"path": path, "mode": f"{mode:04o}"}
+        params.update(await self._beneath(workspace_id, path, beneath))
         payload = await self._json("PUT", f"{self._ws(workspace_id)}/files", params=params, content=data)
         return int(payload["bytes_written"])
 
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
         """Directory entries, sorted by name."""
-        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/list", params={"path": path})
+        params = {"path": path, **await self._beneath(workspace_id, path, beneath)}
+        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/list", params=params)
         return [_file_info(e) for e in payload["entries"]]
 
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
         """Remove a file or directory."""
         params = {"path": path, "recursive": "true" if recursive else "false"}
+        params.update(await self._beneath(workspace_id, path, beneath, follow=False))
         await self._call("DELETE", f"{self._ws(workspace_id)}/files", params=params)
 
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
         """Rename src to dst."""
-        await self._call("POST", f"{self._ws(workspace_id)}/files/move", json={"src": src, "dst": dst})
+        params = await self._beneath(workspace_id, src, beneath, follow=False)
+        params.update(await self._beneath(workspace_id, dst, beneath, follow=False))
+        body = {"src": src, "dst": dst}
+        await self._call("POST", f"{self._ws(workspace_id)}/files/move", json=body, params=params)
 
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
         """Set permission bits."""
-        await self._call("POST", f"{self._ws(workspace_id)}/files/chmod", json={"path": path, "mode": f"{mode:04o}"})
+        params = await self._beneath(workspace_id, path, beneath)
+        body = {"path": path, "mode": f"{mode:04o}"}
+        await self._call("POST", f"{self._ws(workspace_id)}/files/chmod", json=body, params=params)
 
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
         """Information about one path."""
-        return _file_info(await self._json("GET", f"{self._ws(workspace_id)}/files/stat", params={"path": path}))
+        params = {"path": path, **await self._beneath(workspace_id, path, beneath, follow=False)}
+        return _file_info(await self._json("GET", f"{self._ws(workspace_id)}/files/stat", params=params))
 
     async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
     ) -> list[str]:
-        """Sorted absolute paths under root matching pattern, at most limit."""
-        params = {"pattern": pattern, "root": root, "limit": str(limit)}
-        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/glob", params=params)
-        return [str(p) for p in payload["paths"]]
+        """Sorted absolute paths under root matching pattern, at most limit.
 
-    async def realpath(self, workspace_id: str, path: str) -> str:
+        With ``beneath``, matches whose directory resolves outside it are dropped here too (best effort, for backends
+        that predate the parameter).
+        """
+        params = {"pattern": pattern, "root": root, "limit": str(limit)}
+        params.update(await self._beneath(workspace_id, root, beneath))
+        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/glob", params=params)
+        paths = [str(p) for p in payload["paths"]]
+        if beneath is None:
+            return paths
+        fence = posixpath.normpath(check_path(beneath, field_name="beneath"))
+        gate = asyncio.Semaphore(16)
+
+        async def leads_out(directory: str) -> bool:
+            async with gate:
+                return not lies_beneath(await self.realpath(workspace_id, directory), fence)
+
+        parents = sorted({posixpath.dirname(p) for p in paths} - {posixpath.normpath(root)})
+        flags = await asyncio.gather(*(leads_out(d) for d in parents))
+        out = {d for d, flag in zip(parents, flags, strict=True) if flag}
+        return [p for p in paths if posixpath.dirname(p) not in out]
+
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
         """The path with symlinks, `.` and `..` resolved."""
-        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/realpath", params={"path": path})
-        return str(payload["path"])
+        params = {"path": path} if beneath is None else {"path": path, "beneath": beneath}
+        payload = await self._json("GET", f"{self._ws(workspace_id)}/files/realpath", params=params)
+        real = str(payload["path"])
+        if beneath is not None:
+            fence = posixpath.normpath(check_path(beneath, field_name="beneath"))
+            if not (lies_beneath(posixpath.normpath(check_path(path)), fence) and lies_beneath(real, fence)):
+                raise escape_error(path, fence, f" (it resolves to {real})")
+        return real
 
     # --- health -----------------------------------------------------------------------------------------------------
 

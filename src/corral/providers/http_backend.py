@@ -224,9 +224,11 @@ def create_backend_app(provider: WorkspaceProvider, *, token: str) -> FastAPI:  
 
     # -- files ----------------------------------------------------------------------------------------------------
 
+    # ``beneath`` (optional on every file route) is handed to the provider, which then keeps the call inside it.
+
     @app.get(ws + "/files")
-    async def read_file(workspace_id: str, path: str) -> StreamingResponse:
-        chunks = await provider.read_file(workspace_id, path)
+    async def read_file(workspace_id: str, path: str, beneath: str | None = None) -> StreamingResponse:
+        chunks = await provider.read_file(workspace_id, path, beneath=beneath)
 
         async def body() -> AsyncIterator[bytes]:
             try:
@@ -241,7 +243,11 @@ def create_backend_app(provider: WorkspaceProvider, *, token: str) -> FastAPI:  
 
     @app.put(ws + "/files")
     async def write_file(
-        workspace_id: str, path: str, request: Request, mode: Annotated[str | None, Query()] = None
+        workspace_id: str,
+        path: str,
+        request: Request,
+        mode: Annotated[str | None, Query()] = None,
+        beneath: str | None = None,
     ) -> dict[str, int]:
         bits = None if mode is None else parse_mode(mode)
 
@@ -250,39 +256,44 @@ def create_backend_app(provider: WorkspaceProvider, *, token: str) -> FastAPI:  
                 if chunk:
                     yield chunk
 
-        return {"bytes_written": await provider.write_file(workspace_id, path, body(), mode=bits)}
+        return {"bytes_written": await provider.write_file(workspace_id, path, body(), mode=bits, beneath=beneath)}
 
     @app.delete(ws + "/files", status_code=204)
-    async def delete(workspace_id: str, path: str, recursive: bool = False) -> Response:
-        await provider.delete(workspace_id, path, recursive=recursive)
+    async def delete(workspace_id: str, path: str, recursive: bool = False, beneath: str | None = None) -> Response:
+        await provider.delete(workspace_id, path, recursive=recursive, beneath=beneath)
         return Response(status_code=204)
 
     @app.get(ws + "/files/stat")
-    async def stat(workspace_id: str, path: str) -> dict[str, Any]:
-        return file_info_to_json(await provider.stat(workspace_id, path))
+    async def stat(workspace_id: str, path: str, beneath: str | None = None) -> dict[str, Any]:
+        return file_info_to_json(await provider.stat(workspace_id, path, beneath=beneath))
 
     @app.get(ws + "/files/list")
-    async def list_dir(workspace_id: str, path: str) -> dict[str, Any]:
-        return {"entries": [file_info_to_json(e) for e in await provider.list_dir(workspace_id, path)]}
+    async def list_dir(workspace_id: str, path: str, beneath: str | None = None) -> dict[str, Any]:
+        entries = await provider.list_dir(workspace_id, path, beneath=beneath)
+        return {"entries": [file_info_to_json(e) for e in entries]}
 
     @app.post(ws + "/files/move", status_code=204)
-    async def move(workspace_id: str, body: _Move) -> Response:
-        await provider.move(workspace_id, body.src, body.dst)
+    async def move(workspace_id: str, body: _Move, beneath: str | None = None) -> Response:
+        await provider.move(workspace_id, body.src, body.dst, beneath=beneath)
         return Response(status_code=204)
 
     @app.post(ws + "/files/chmod", status_code=204)
-    async def chmod(workspace_id: str, body: _Chmod) -> Response:
-        await provider.chmod(workspace_id, body.path, parse_mode(body.mode))
+    async def chmod(workspace_id: str, body: _Chmod, beneath: str | None = None) -> Response:
+        await provider.chmod(workspace_id, body.path, parse_mode(body.mode), beneath=beneath)
         return Response(status_code=204)
 
     @app.get(ws + "/files/glob")
     async def glob(
-        workspace_id: str, pattern: str, root: str = WORKSPACE_ROOT, limit: Annotated[int, Query(gt=0)] = 10_000
+        workspace_id: str,
+        pattern: str,
+        root: str = WORKSPACE_ROOT,
+        limit: Annotated[int, Query(gt=0)] = 10_000,
+        beneath: str | None = None,
     ) -> dict[str, list[str]]:
-        return {"paths": await provider.glob(workspace_id, pattern, root=root, limit=limit)}
+        return {"paths": await provider.glob(workspace_id, pattern, root=root, limit=limit, beneath=beneath)}
 
     @app.get(ws + "/files/realpath")
-    async def realpath(workspace_id: str, path: str) -> dict[str, str]:
-        return {"path": await provider.realpath(workspace_id, path)}
+    async def realpath(workspace_id: str, path: str, beneath: str | None = None) -> dict[str, str]:
+        return {"path": await provider.realpath(workspace_id, path, beneath=beneath)}
 
     return app

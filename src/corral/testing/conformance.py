@@ -23,10 +23,10 @@ A provider joins by subclassing :class:`ProviderConformance` in a test module an
 :class:`~corral.providers.base.WorkspaceSpec` with a unique id on every call, and decides image and network.
 Every workspace a test creates goes through :class:`WorkspaceTracker`, which destroys it when the test ends, even
 when the test fails. Commands are limited to what both the fake interpreter and ``dash`` in a minimal Debian image
-understand: ``echo``, ``printf``, ``exit``, ``true``, ``false``, ``sleep``, ``cat``, ``touch``, ``pwd``, ``>&2``,
-``;``, ``&&`` and ``$VAR``. Providers whose ``capabilities().isolation`` is not ``"none"`` must also let
-``cat /proc/[0-9]*/cmdline`` list the sandbox's processes: that is how the suite checks that a timed-out command
-was killed (minimal images have no ``ps``).
+understand: ``echo``, ``printf``, ``exit``, ``true``, ``false``, ``sleep``, ``cat``, ``touch``, ``pwd``,
+``ln -s``, ``>&2``, ``;``, ``&&`` and ``$VAR``. Providers whose ``capabilities().isolation`` is not ``"none"`` must
+also let ``cat /proc/[0-9]*/cmdline`` list the sandbox's processes: that is how the suite checks that a timed-out
+command was killed (minimal images have no ``ps``).
 
 A test is skipped only when the provider's :class:`~corral.providers.base.Capabilities` say it lacks the feature,
 and the skip names the flag, so ``pytest -ra`` shows every gap.
@@ -48,12 +48,14 @@ import pytest
 from corral.errors import (
     ExecTimeoutError,
     FileOperationError,
+    InvalidRequestError,
     SandboxDestroyedError,
     SandboxNotFoundError,
     WorkspaceFileNotFoundError,
     WorkspaceStateError,
 )
 from corral.providers.base import (
+    WORKSPACE_ROOT,
     Capabilities,
     ExecExit,
     ExecMode,
@@ -120,6 +122,12 @@ class WorkspaceTracker:
 async def _read_all(provider: WorkspaceProvider, workspace_id: str, path: str) -> bytes:
     """The whole content of a (small) file."""
     chunks = await provider.read_file(workspace_id, path)
+    return b"".join([chunk async for chunk in chunks])
+
+
+async def _read_all_beneath(provider: WorkspaceProvider, workspace_id: str, path: str) -> bytes:
+    """The whole content of a (small) file, read with ``beneath=/workspace``."""
+    chunks = await provider.read_file(workspace_id, path, beneath=WORKSPACE_ROOT)
     return b"".join([chunk async for chunk in chunks])
 
 
@@ -578,3 +586,96 @@ class ProviderConformance:
         await provider.write_file(workspace, "/workspace/rp/sub/f.txt", b"")
         assert await provider.realpath(workspace, "/workspace/rp/./sub/../sub/f.txt") == "/workspace/rp/sub/f.txt"
         assert await provider.realpath(workspace, "/workspace/rp/missing.txt") == "/workspace/rp/missing.txt"
+
+    # -- confinement: beneath ---------------------------------------------------------------------------------------
+
+    async def test_beneath_refuses_a_symlink_to_the_root_directory(
+        self, provider: WorkspaceProvider, workspace: str
+    ) -> None:
+        """With beneath=/workspace, no file call follows a symlink to / out of /workspace, while the link itself can
+        still be stat'ed and deleted."""
+        await provider.write_file(workspace, f"{_SANDBOX_TMP}/outside.txt", b"outside")
+        assert (await provider.exec(workspace, ExecRequest("ln -s / /workspace/rootlink"))).exit_code == 0
+        outside = "/workspace/rootlink/tmp/outside.txt"
+        refused = (
+            provider.read_file(workspace, outside, beneath=WORKSPACE_ROOT),
+            provider.write_file(workspace, "/workspace/rootlink/tmp/planted.txt", b"x", beneath=WORKSPACE_ROOT),
+            provider.write_file(workspace, "/workspace/rootlink", b"x", beneath=WORKSPACE_ROOT),
+            provider.list_dir(workspace, "/workspace/rootlink/tmp", beneath=WORKSPACE_ROOT),
+            provider.stat(workspace, outside, beneath=WORKSPACE_ROOT),
+            provider.chmod(workspace, outside, 0o600, beneath=WORKSPACE_ROOT),
+            provider.delete(workspace, outside, beneath=WORKSPACE_ROOT),
+            provider.move(workspace, outside, "/workspace/stolen.txt", beneath=WORKSPACE_ROOT),
+            provider.move(workspace, "/workspace/rootlink", "/workspace/rootlink/tmp/moved", beneath=WORKSPACE_ROOT),
+            provider.glob(workspace, "*", root="/workspace/rootlink/tmp", beneath=WORKSPACE_ROOT),
+            provider.realpath(workspace, outside, beneath=WORKSPACE_ROOT),
+            provider.read_file(workspace, f"{_SANDBOX_TMP}/outside.txt", beneath=WORKSPACE_ROOT),
+        )
+        for call in refused:
+            with pytest.raises(InvalidRequestError, match="outside /workspace"):
+                await call
+        assert await _read_all(provider, workspace, f"{_SANDBOX_TMP}/outside.txt") == b"outside"
+        assert (await provider.stat(workspace, f"{_SANDBOX_TMP}/outside.txt")).mode != 0o600
+        for name in ("planted.txt", "moved"):
+            with pytest.raises(WorkspaceFileNotFoundError):
+                await provider.stat(workspace, f"{_SANDBOX_TMP}/{name}")
+        link = await provider.stat(workspace, "/workspace/rootlink", beneath=WORKSPACE_ROOT)
+        assert (link.type, link.symlink_target) == ("symlink", "/")
+        assert "/workspace/rootlink" in await provider.glob(workspace, "*", beneath=WORKSPACE_ROOT)
+        assert await provider.glob(workspace, "**/outside.txt", beneath=WORKSPACE_ROOT) == []
+        await provider.delete(workspace, "/workspace/rootlink", beneath=WORKSPACE_ROOT)
+        assert await _read_all(provider, workspace, f"{_SANDBOX_TMP}/outside.txt") == b"outside"
+
+    async def test_beneath_follows_symlinks_that_stay_inside(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """With beneath=/workspace, relative and absolute symlinks that stay inside /workspace are followed."""
+        await provider.write_file(workspace, "/workspace/real/data.txt", b"data", beneath=WORKSPACE_ROOT)
+        script = "ln -s real /workspace/rel && ln -s /workspace/real /workspace/abs && ln -s rel/data.txt /workspace/f"
+        assert (await provider.exec(workspace, ExecRequest(script))).exit_code == 0
+        for path in ("/workspace/rel/data.txt", "/workspace/abs/data.txt", "/workspace/f", "rel/data.txt"):
+            assert await _read_all_beneath(provider, workspace, path) == b"data"
+        await provider.write_file(workspace, "/workspace/abs/new/written.txt", b"new", beneath=WORKSPACE_ROOT)
+        assert await _read_all(provider, workspace, "/workspace/real/new/written.txt") == b"new"
+        entries = await provider.list_dir(workspace, "/workspace/rel", beneath=WORKSPACE_ROOT)
+        assert [(e.name, e.path) for e in entries] == [
+            ("data.txt", "/workspace/rel/data.txt"),
+            ("new", "/workspace/rel/new"),
+        ]
+        assert (
+            await provider.realpath(workspace, "/workspace/abs/data.txt", beneath=WORKSPACE_ROOT)
+            == "/workspace/real/data.txt"
+        )
+        assert (
+            await provider.realpath(workspace, "/workspace/rel/missing", beneath=WORKSPACE_ROOT)
+            == "/workspace/real/missing"
+        )
+        await provider.chmod(workspace, "/workspace/f", 0o600, beneath=WORKSPACE_ROOT)
+        assert (await provider.stat(workspace, "/workspace/real/data.txt", beneath=WORKSPACE_ROOT)).mode == 0o600
+        assert (await provider.stat(workspace, "/workspace/f", beneath=WORKSPACE_ROOT)).type == "symlink"
+        await provider.move(
+            workspace, "/workspace/rel/new/written.txt", "/workspace/abs/moved.txt", beneath=WORKSPACE_ROOT
+        )
+        assert await _read_all(provider, workspace, "/workspace/real/moved.txt") == b"new"
+        found = await provider.glob(workspace, "*.txt", root="/workspace/rel", beneath=WORKSPACE_ROOT)
+        assert found == ["/workspace/rel/data.txt", "/workspace/rel/moved.txt"]
+        await provider.delete(workspace, "/workspace/abs/moved.txt", beneath=WORKSPACE_ROOT)
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, "/workspace/real/moved.txt")
+
+    async def test_beneath_never_lets_dotdot_climb_above_the_root(
+        self, provider: WorkspaceProvider, workspace: str
+    ) -> None:
+        """With beneath=/workspace, `..` (in the path or in a relative symlink) is refused above /workspace and
+        works below it."""
+        await provider.write_file(workspace, f"{_SANDBOX_TMP}/outside.txt", b"outside")
+        await provider.write_file(workspace, "/workspace/sub/inner.txt", b"inner", beneath=WORKSPACE_ROOT)
+        script = "ln -s ../../tmp /workspace/sub/up && ln -s ../sub /workspace/sub/sideways"
+        assert (await provider.exec(workspace, ExecRequest(script))).exit_code == 0
+        for path in ("/workspace/sub/up/outside.txt", "/workspace/../tmp/outside.txt", "../tmp/outside.txt"):
+            with pytest.raises(InvalidRequestError, match="outside /workspace"):
+                await provider.read_file(workspace, path, beneath=WORKSPACE_ROOT)
+        with pytest.raises(InvalidRequestError, match="outside /workspace"):
+            await provider.write_file(workspace, "/workspace/sub/up/planted.txt", b"x", beneath=WORKSPACE_ROOT)
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.stat(workspace, f"{_SANDBOX_TMP}/planted.txt")
+        assert await _read_all_beneath(provider, workspace, "/workspace/sub/sideways/inner.txt") == b"inner"
+        assert await _read_all_beneath(provider, workspace, "/workspace/sub/../sub/inner.txt") == b"inner"

@@ -1,9 +1,9 @@
 """The ``read``, ``write`` and ``edit`` tools, on the provider's streaming file calls.
 
-Paths are relative to ``/workspace`` (absolute ones must be inside it) and go through
-:func:`corral.orchestrator.paths.confine`, so ``..`` and symlinks leading out are refused. ``write`` and ``edit``
-also refuse anything inside a ``.git`` directory (checked on the path as given and as resolved), so hooks or config
-that would make git run programs cannot be planted through them.
+Paths are relative to ``/workspace`` (absolute ones must be inside it): ``..`` leading out is refused lexically, and
+every file call runs with ``beneath=/workspace``, so the provider refuses symlinks leading out without a race.
+``write`` and ``edit`` also refuse anything inside a ``.git`` directory (checked on the path as given and as
+resolved), so hooks or config that would make git run programs cannot be planted through them.
 
 ``read`` counts lines from 1: ``offset`` is the number of the first line returned (default 1) and ``limit`` the most
 lines returned. ``content`` is the file's text for those lines, exactly as stored (no line-number prefixes), so it
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from corral.errors import InvalidRequestError, ToolError
-from corral.orchestrator.paths import confine
-from corral.providers.base import WorkspaceProvider
+from corral.orchestrator.paths import lexically_confined
+from corral.providers.base import WORKSPACE_ROOT, WorkspaceProvider
 from corral.tools._common import Arguments, ToolLimits, workspace_relative
 
 __all__ = ["edit_file", "read_file", "write_file"]
@@ -37,9 +37,9 @@ def _binary_error(display: str) -> ToolError:
 
 async def _writable_path(provider: WorkspaceProvider, workspace_id: str, path: str) -> tuple[str, str]:
     """The confined absolute path to write to and its display form; refuses ``.git`` internals."""
-    absolute = await confine(provider, workspace_id, path)
+    absolute = lexically_confined(path)
     display = workspace_relative(absolute)
-    resolved = await provider.realpath(workspace_id, absolute)
+    resolved = await provider.realpath(workspace_id, absolute, beneath=WORKSPACE_ROOT)
     for candidate in (absolute, resolved):
         if ".git" in candidate.split("/"):
             raise ToolError(
@@ -83,13 +83,13 @@ async def read_file(
     path = args.string("path")
     offset = args.integer("offset", default=1, minimum=1, maximum=2**31)
     limit = args.integer("limit", default=limits.read_default_lines, minimum=1, maximum=limits.read_max_lines)
-    absolute = await confine(provider, workspace_id, path)
+    absolute = lexically_confined(path)
     display = workspace_relative(absolute)
     window = _LineWindow(offset, limit, limits.read_max_chars)
     pending = b""
     seen = 0
     sniffed = 0
-    stream = await provider.read_file(workspace_id, absolute)
+    stream = await provider.read_file(workspace_id, absolute, beneath=WORKSPACE_ROOT)
     try:
         async for received in stream:
             if sniffed < limits.binary_sniff_bytes:
@@ -129,7 +129,7 @@ async def write_file(
             f"content: must be at most {limits.write_max_bytes} bytes, got {len(data)}", details={"field": "content"}
         )
     absolute, _display = await _writable_path(provider, workspace_id, path)
-    written = await provider.write_file(workspace_id, absolute, data)
+    written = await provider.write_file(workspace_id, absolute, data, beneath=WORKSPACE_ROOT)
     return {"bytes_written": written}
 
 
@@ -137,7 +137,7 @@ async def _read_all(
     provider: WorkspaceProvider, workspace_id: str, absolute: str, display: str, limits: ToolLimits
 ) -> bytes:
     buf = bytearray()
-    stream = await provider.read_file(workspace_id, absolute)
+    stream = await provider.read_file(workspace_id, absolute, beneath=WORKSPACE_ROOT)
     try:
         async for chunk in stream:
             buf += chunk
@@ -185,5 +185,5 @@ async def edit_file(
             f"old_string occurs {count} times in {display}; make it unique or pass replace_all",
             details={"path": display, "occurrences": count},
         )
-    await provider.write_file(workspace_id, absolute, data.replace(old_b, new_b))
+    await provider.write_file(workspace_id, absolute, data.replace(old_b, new_b), beneath=WORKSPACE_ROOT)
     return {"replacements": count}

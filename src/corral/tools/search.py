@@ -7,20 +7,20 @@ Both report paths relative to ``/workspace`` (``src/a.py``), the form every file
 never ``.git/``, skips binary files, and stops (killing rg) once it has one match more than the cap.
 
 ``glob`` uses the provider's glob (``**`` spans directories; hidden names only match patterns that spell the dot).
-Patterns are relative to ``path`` (default ``/workspace``) and may not be absolute or climb with ``..``; results
-reached through a symlinked directory that leads out of ``/workspace`` are dropped.
+Patterns are relative to ``path`` (default ``/workspace``) and may not be absolute or climb with ``..``; the glob
+runs with ``beneath=/workspace``, so a symlink leading out as ``path`` is refused and symlinks below it are matched
+but never walked into.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import posixpath
 from typing import Any
 
 from corral.errors import ExecTimeoutError, InvalidRequestError, ToolError
-from corral.orchestrator.paths import confine
+from corral.orchestrator.paths import confine, lexically_confined
 from corral.providers.base import WORKSPACE_ROOT, ExecEvent, ExecExit, ExecMode, ExecRequest, WorkspaceProvider
 from corral.tools._common import Arguments, ToolLimits, workspace_relative
 
@@ -141,19 +141,6 @@ def _check_glob_pattern(pattern: str) -> None:
         )
 
 
-async def _escaping_dirs(provider: WorkspaceProvider, workspace_id: str, dirs: set[str]) -> set[str]:
-    """The directories among ``dirs`` whose real path leaves ``/workspace`` (through a symlink)."""
-    gate = asyncio.Semaphore(16)
-
-    async def leaves(directory: str) -> bool:
-        async with gate:
-            real = await provider.realpath(workspace_id, directory)
-        return real != WORKSPACE_ROOT and not real.startswith(WORKSPACE_ROOT + "/")
-
-    flags = await asyncio.gather(*(leaves(d) for d in sorted(dirs)))
-    return {d for d, flag in zip(sorted(dirs), flags, strict=True) if flag}
-
-
 async def glob_paths(
     provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits
 ) -> dict[str, object]:
@@ -161,10 +148,9 @@ async def glob_paths(
     args = Arguments("glob", raw, ("pattern", "path"))
     pattern = args.string("pattern", max_chars=1000)
     _check_glob_pattern(pattern)
-    root = await confine(provider, workspace_id, args.optional_string("path") or ".")
-    found = await provider.glob(workspace_id, pattern, root=root, limit=limits.glob_max_paths + 1)
-    inside = [p for p in found if p.startswith(WORKSPACE_ROOT + "/")]
-    parents = {posixpath.dirname(p) for p in inside} - {root}
-    escaping = await _escaping_dirs(provider, workspace_id, parents) if parents else set()
-    paths = [workspace_relative(p) for p in inside if posixpath.dirname(p) not in escaping]
+    root = lexically_confined(args.optional_string("path") or ".")
+    found = await provider.glob(
+        workspace_id, pattern, root=root, limit=limits.glob_max_paths + 1, beneath=WORKSPACE_ROOT
+    )
+    paths = [workspace_relative(p) for p in found if p.startswith(WORKSPACE_ROOT + "/")]
     return {"paths": paths[: limits.glob_max_paths], "truncated": len(found) > limits.glob_max_paths}
