@@ -6,11 +6,14 @@ resemble, so ``except TimeoutError`` or ``except LookupError`` keeps working for
     CorralError
     ├── InvalidRequestError (ValueError)          bad input: the message names the field and what is allowed
     ├── ProviderNotFoundError (LookupError)       a provider name that is not registered
+    ├── ProviderNotAllowedError                   a provider the operator has not enabled (plain docker by default)
     ├── ProviderUnavailableError                  the backend cannot serve now (daemon down, runtime missing, KVM...)
     │   └── AllProvidersFailedError               auto selection tried every provider; lists each one's reason
     ├── SandboxNotFoundError (LookupError)        no such workspace (or it vanished from the runtime)
     ├── SandboxDestroyedError                     the workspace existed and has been destroyed
     ├── WorkspaceStateError                       the operation does not fit the workspace's state (exec on stopped)
+    ├── WorkspaceBrokenError                      its agent broke the protocol (502); the workspace is marked error
+    ├── TooManyRequestsError                      a workspace's exec queue is full (429); retry later
     ├── ExecTimeoutError (TimeoutError)           a command passed its deadline and was killed
     ├── ResourceLimitError                        a limit was hit or a request asks for more than can be given
     ├── FileOperationError (OSError)              a file operation failed inside the workspace
@@ -32,12 +35,15 @@ __all__ = [
     "ExecTimeoutError",
     "FileOperationError",
     "InvalidRequestError",
+    "ProviderNotAllowedError",
     "ProviderNotFoundError",
     "ProviderUnavailableError",
     "ResourceLimitError",
     "SandboxDestroyedError",
     "SandboxNotFoundError",
+    "TooManyRequestsError",
     "ToolError",
+    "WorkspaceBrokenError",
     "WorkspaceFileNotFoundError",
     "WorkspaceStateError",
 ]
@@ -71,6 +77,14 @@ class ProviderNotFoundError(CorralError, LookupError):
 
     code = "provider_not_found"
     http_status = 400
+
+
+class ProviderNotAllowedError(CorralError):
+    """The provider is registered but this server does not allow it (plain Docker without
+    CORRAL_ALLOW_DOCKER_FALLBACK=true); the message names the setting that enables it."""
+
+    code = "provider_not_allowed"
+    http_status = 403
 
 
 class ProviderUnavailableError(CorralError):
@@ -123,6 +137,23 @@ class WorkspaceStateError(CorralError):
 
     code = "workspace_state_conflict"
     http_status = 409
+
+
+class WorkspaceBrokenError(CorralError):
+    """The workspace's agent broke the protocol (an oversized or garbage frame): something inside drives it.
+
+    The connection was closed and the workspace is marked ``error``; resuming it restarts it with a fresh agent.
+    """
+
+    code = "workspace_broken"
+    http_status = 502
+
+
+class TooManyRequestsError(CorralError):
+    """More concurrent work was asked of one workspace than it queues; retry later."""
+
+    code = "too_many_requests"
+    http_status = 429
 
 
 class ExecTimeoutError(CorralError, TimeoutError):

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
@@ -28,15 +28,22 @@ class Settings(BaseSettings):
     """CORRAL_API_TOKEN: the bearer token every route but /healthz requires. Unset: a token is generated at start
     and written to ``data_dir/api-token`` (mode 0600), so the server never runs open by accident."""
 
+    secret_key: SecretStr | None = None
+    """CORRAL_SECRET_KEY: the secret that encrypts (AES-256-GCM) the repository credentials Corral must keep: a fixed
+    ``repo_source`` URL's, and a provisioning session's until its checkout is done. Any string of 16+ characters
+    (e.g. ``openssl rand -base64 32``). Unset: a key is generated once into ``data_dir/secret-key`` (mode 0600).
+    Servers sharing one database need the same key; with another key, stored credentials must be given again."""
+
     deployment_mode: Literal["self-hosted", "managed"] = "self-hosted"
     """CORRAL_DEPLOYMENT_MODE: decides what ``provider: "auto"`` prefers (seed 000)."""
 
     providers: str = "firecracker,gvisor,docker"
     """CORRAL_PROVIDERS: comma-separated providers to configure. ``fake`` is for tests only."""
 
-    allow_docker_fallback: bool = True
-    """CORRAL_ALLOW_DOCKER_FALLBACK: let auto selection use plain Docker (runc, reduced isolation) as the last
-    resort. Set false to forbid it."""
+    allow_docker_fallback: bool = False
+    """CORRAL_ALLOW_DOCKER_FALLBACK: allow plain Docker (runc: it shares the host kernel, so isolation is reduced).
+    True: auto selection may use it as the last resort and requests may name ``provider: "docker"``. False (the
+    default): auto never uses it and a request naming it is refused with 403 ``provider_not_allowed``."""
 
     docker_host: str = "unix:///var/run/docker.sock"
     """CORRAL_DOCKER_HOST: the Docker engine to talk to (a unix socket URL)."""
@@ -102,8 +109,22 @@ class Settings(BaseSettings):
     default_disk: str = Field("10G", validation_alias=AliasChoices("WORKSPACE_DEFAULT_DISK", "CORRAL_DEFAULT_DISK"))
     """WORKSPACE_DEFAULT_DISK: disk per workspace, e.g. ``10G``."""
 
+    agent_runtime_dir: Path = Path("/var/lib/corral/agent-runtime")
+    """CORRAL_AGENT_RUNTIME_DIR: where the read-only runtime of the in-workspace agent is built (one directory per
+    agent version and base image; see corral.providers.agent_runtime). Must be on the Docker host."""
+
     pids_limit: int = 1024
     """CORRAL_PIDS_LIMIT: the most processes one workspace may hold (fork-bomb guard)."""
+
+    max_request_body: int = Field(1024 * 1024, ge=1024)
+    """CORRAL_MAX_REQUEST_BODY: the largest JSON request body in bytes (agent tool calls take up to 11 MiB, file
+    uploads stream and have no cap)."""
+
+    max_concurrent_execs: int = Field(16, ge=1, le=1024)
+    """CORRAL_MAX_CONCURRENT_EXECS: commands one workspace runs at once; more wait their turn."""
+
+    max_queued_execs: int = Field(256, ge=0, le=100_000)
+    """CORRAL_MAX_QUEUED_EXECS: commands one workspace keeps waiting beyond those; past that a request answers 429."""
 
     exec_output_limit: int = 16 * 1024 * 1024
     """CORRAL_EXEC_OUTPUT_LIMIT: bytes of stdout (and of stderr) kept per exec; the rest is dropped and flagged."""

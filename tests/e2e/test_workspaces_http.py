@@ -51,7 +51,10 @@ def test_gvisor_workspace_lifecycle_over_http(server: Server) -> None:
     assert host["Memory"] == 4 * 1024**3
     mounts = container["Mounts"]
     assert isinstance(mounts, list)
-    assert [(m["Name"], m["Destination"]) for m in mounts] == [(f"agent-workspace-{wid}", "/workspace")]
+    volumes = [(m["Name"], m["Destination"]) for m in mounts if m["Type"] == "volume"]
+    assert volumes == [(f"agent-workspace-{wid}", "/workspace")]
+    # The only other mount: the agent's runtime, read-only.
+    assert [(m["Destination"], m["RW"]) for m in mounts if m["Type"] != "volume"] == [("/.corral", False)]
 
     put = server.client.put(f"{API}/{wid}/files", params={"path": "notes/before-stop.txt"}, content=b"still here")
     assert put.status_code == 200, put.text

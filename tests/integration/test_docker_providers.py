@@ -61,10 +61,14 @@ async def test_gvisor_workspace_layout_limits_and_hardening(
     assert host["Privileged"] is False
     assert host["NetworkMode"] == "none"
     assert not host.get("Binds"), "no host path may be mounted"
-    mounts = info["Mounts"]
-    assert [(m["Type"], m["Name"], m["Destination"]) for m in mounts] == [
-        ("volume", volume_name(spec.id), "/workspace")
+    mounts = sorted(info["Mounts"], key=lambda m: m["Destination"])
+    # The workspace volume, and the agent's runtime read-only (nothing inside may change the agent's code path).
+    assert [(m["Type"], m["Destination"], m["RW"]) for m in mounts] == [
+        ("bind", "/.corral", False),
+        ("volume", "/workspace", True),
     ]
+    assert mounts[0]["Source"] == await gvisor.agent_runtime.ensure()
+    assert mounts[1]["Name"] == volume_name(spec.id)
     assert info["Config"]["Labels"][LABEL_ID] == spec.id
     volume = await docker_engine.inspect_volume(volume_name(spec.id))
     assert volume is not None and volume["Labels"][LABEL_ID] == spec.id

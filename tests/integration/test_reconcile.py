@@ -66,9 +66,15 @@ async def test_record_states_follow_the_runtime(service: WorkspaceService, docke
     lost_container = await service.create(CreateWorkspace(provider="gvisor"))
     lost_everything = await service.create(CreateWorkspace(provider="gvisor"))
     healthy = await service.create(CreateWorkspace(provider="gvisor"))
+    # The server goes down (nothing watches the engine's events now), and the objects go while it is down; the
+    # restarted server's provider has seen nothing of it.
+    before = service.providers["gvisor"]
+    assert isinstance(before, GVisorProvider)
+    await before.aclose()
     await docker_engine.remove_container(container_name(lost_container.id))
     await docker_engine.remove_container(container_name(lost_everything.id))
     await docker_engine.remove_volume(volume_name(lost_everything.id))
+    service.providers["gvisor"] = GVisorProvider(DockerEngine(docker_engine.socket_path), owner=before.owner)
 
     report = await reconcile(service)
 

@@ -1,15 +1,21 @@
 """``create_app(settings)``: the FastAPI application with its store, providers and background tasks.
 
 Nothing is created at import time; everything lives on ``app.state`` for the app's lifetime and is closed on shutdown.
+
+Start-up order matters: reconciliation first (records and runtime agree), then sessions a previous server left
+``provisioning`` are provisioned again (:meth:`~corral.agents.sessions.AgentService.resume_interrupted`). The data
+directory (database, api-token, secret-key) is kept private: mode 0700, its files 0600.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from pathlib import Path
 
 from fastapi import Depends, FastAPI
 
@@ -20,6 +26,10 @@ from corral.api import workspaces
 from corral.api.deps import require_token
 from corral.api.e2b import mount_e2b
 from corral.api.errors import install_error_handlers
+from corral.api.guard import GuardLimits, RequestGuard
+from corral.api.openapi import install_openapi
+from corral.api.schemas import HealthResponse
+from corral.credentials import load_secret_box
 from corral.orchestrator.disk import DiskWatcher
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.pool import WarmPools, pool_specs
@@ -31,9 +41,29 @@ from corral.providers.registry import build_provider
 from corral.settings import Settings
 from corral.store import Store
 
-__all__ = ["create_app", "resolve_api_token"]
+__all__ = ["create_app", "private_data_dir", "resolve_api_token"]
 
 log = logging.getLogger(__name__)
+
+
+def private_data_dir(path: Path) -> None:
+    """Create the data directory with mode 0700, or tighten an existing one to it (older installs made it 0755).
+
+    A directory that is plainly not Corral's own (the filesystem root, a shared sticky directory such as /tmp, one
+    owned by another user) is left as it is, with a warning: its files are still created 0600.
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    if not mode & 0o077:
+        return
+    if path.resolve() == Path(path.resolve().anchor) or mode & stat.S_ISVTX or info.st_uid != os.geteuid():
+        log.warning(
+            "data directory %s is mode %o and shared; point CORRAL_DATA_DIR at a directory of its own", path, mode
+        )
+        return
+    path.chmod(0o700)
+    log.info("data directory %s: mode %o tightened to 700", path, mode)
 
 
 def resolve_api_token(settings: Settings) -> str:
@@ -42,6 +72,8 @@ def resolve_api_token(settings: Settings) -> str:
         return settings.api_token
     path = settings.data_dir / "api-token"
     if path.exists():
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # made readable by others by hand, or by a copy
         return path.read_text().strip()
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
@@ -56,7 +88,10 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        private_data_dir(settings.data_dir)
+        box = load_secret_box(
+            settings.data_dir, settings.secret_key.get_secret_value() if settings.secret_key else None
+        )
         store = await Store.open(settings.sqlalchemy_url())
         built = (
             providers if providers is not None else {n: build_provider(n, settings) for n in settings.provider_names()}
@@ -64,6 +99,7 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         monitor = HealthMonitor(built, settings.health_interval_s)
         service = WorkspaceService(settings, store, built, monitor)
         await monitor.check_all()
+        await service.probe_providers()  # isolation and host size, so answers name their isolation at once
         pools = WarmPools(service, pool_specs(settings, service))
         await reconcile(service, pool_keys=pools.keys)
         service.pools = pools
@@ -75,7 +111,9 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             interval_s=settings.reaper_interval_s,
         )
         app.state.service = service
-        app.state.agents = agents = AgentService(service)
+        app.state.agents = agents = AgentService(service, box)
+        await agents.protect_stored_credentials()
+        await agents.resume_interrupted()
         await monitor.start()
         await disk.start()
         await reaper.start()
@@ -92,16 +130,22 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             await store.close()
 
     app = FastAPI(title="Corral", version=__version__, lifespan=lifespan)
+    private_data_dir(settings.data_dir)
     app.state.api_token = resolve_api_token(settings)
     install_error_handlers(app)
+    # Outermost: authentication and body caps come before anything reads the body (see corral.api.guard).
+    app.add_middleware(
+        RequestGuard, token=lambda: str(app.state.api_token), limits=GuardLimits(json=settings.max_request_body)
+    )
 
     @app.get("/healthz", tags=["meta"])
-    async def healthz() -> dict[str, Any]:
+    async def healthz() -> HealthResponse:
         """Liveness: answers without a token."""
-        return {"status": "ok", "version": __version__}
+        return HealthResponse(status="ok", version=__version__)
 
     app.include_router(workspaces.router, dependencies=[Depends(require_token)])
     app.include_router(agents_api.router, dependencies=[Depends(require_token)])
     # E2B compatibility authenticates the SDK's own way (X-API-KEY, sandbox access tokens): see corral.api.e2b.
     mount_e2b(app)
+    install_openapi(app)
     return app

@@ -10,13 +10,24 @@ each tagged with an ``id``:
 Requests carry ``{"id": n, "op": ...}``; replies carry the same ``id`` and an ``ev``:
 
 * ``exec {argv, cwd, env, timeout_s}`` -> ``out`` frames (``fd`` 1 or 2, payload = bytes as produced), then
-  ``exit {code, timed_out, duration_ms}``. ``kill {target}`` kills a running exec's process group.
+  ``exit {code, timed_out, duration_ms}``. When the command ends (exit, deadline or kill), every process still in
+  its process group is killed, so nothing it started keeps running unnoticed (a fork bomb included); a process meant
+  to outlive its command must start its own session (``setsid``). ``kill {target}`` kills a running exec's process
+  group, or stops a read.
 * ``read {path}`` -> ``open {size}``, ``data`` frames, ``end``. ``write {path, mode}`` -> the host then sends
   ``data`` frames and ``end`` with the same id -> ``result {bytes_written}``.
+* Flow control: of each exec's output and each read, at most :data:`WINDOW` bytes may be unacknowledged; the host
+  grants more with ``credit {target, bytes}`` (id 0) as it consumes them. An exec whose window is full stops reading
+  its pipes, so the command blocks on write: a slow client slows the command, it never fills anyone's memory.
+* Limits: a header holds at most :data:`MAX_HEADER` bytes and a payload :data:`MAX_PAYLOAD`; the host closes the
+  connection on any frame past them.
 * ``stat``, ``list``, ``delete``, ``move``, ``chmod``, ``mkdir``, ``glob``, ``realpath``, ``usage``, ``ping`` ->
   ``result {...}``.
+* Every file operation also takes ``beneath`` (an absolute directory, e.g. ``/workspace``): its paths are then
+  resolved beneath that root without ever letting the kernel follow a symlink (see :class:`Beneath`), and a path, a
+  symlink or a ``..`` that leads outside it fails with kind ``escape``. Without it, paths are used as given.
 * Any failure -> ``error {kind, message}`` where kind is ``not_found``, ``exists``, ``not_a_directory``,
-  ``is_a_directory``, ``not_empty``, ``permission``, ``invalid`` or ``os``.
+  ``is_a_directory``, ``not_empty``, ``permission``, ``escape``, ``invalid`` or ``os``.
 
 Every exec runs in its own session (process group) so a deadline kills the command and all its children.
 Diagnostics go to stderr, which the host logs; stdout carries frames only.
@@ -25,11 +36,14 @@ Diagnostics go to stderr, which the host logs; stdout carries frames only.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import fnmatch
 import glob as globlib
 import json
 import os
 import queue
+import re
 import select
 import shutil
 import signal
@@ -38,11 +52,29 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, BinaryIO
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, BinaryIO, TypeVar
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+LOADER_VARIABLES = (
+    "LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "LD_DEBUG", "LD_DEBUG_OUTPUT", "LD_PROFILE", "LD_PROFILE_OUTPUT",
+    "LD_ORIGIN_PATH", "LD_HWCAP_MASK", "LD_USE_LOAD_BIAS", "GLIBC_TUNABLES", "MALLOC_TRACE", "GCONV_PATH", "LOCPATH",
+    "NLSPATH", "TZDIR", "HOSTALIASES", "LOCALDOMAIN", "RES_OPTIONS", "RESOLV_HOST_CONF", "LC_ALL",
+)  # fmt: skip
+"""The variables the host empties for the agent's own process (see corral.providers.agent_runtime). Flags the loader
+honours whatever their value (LD_SHOW_AUXV, LD_BIND_NOT...) cannot be emptied this way; they change no code path."""
+FEATURES = ["beneath"]
+"""What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths)."""
 CHUNK = 256 * 1024
+MAX_HEADER = 1024 * 1024
+"""The largest frame header either side accepts (a directory listing or glob result travels in one; one that would
+not fit is answered with an error instead)."""
+FRAME_COST = 64
+"""What one streamed frame costs of its window besides its payload: the host counts its header at this much."""
+MAX_PAYLOAD = 1024 * 1024
+"""The largest frame payload either side accepts (data chunks are CHUNK bytes)."""
+WINDOW = 4 * CHUNK
+"""Streamed bytes of one request that may be in flight before the host grants credit."""
 _LEN = struct.Struct(">I")
 
 Header = dict[str, Any]  # a frame header: a JSON object
@@ -69,15 +101,15 @@ def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
 
 
 def read_frame(stream: BinaryIO) -> tuple[Header, bytes] | None:
-    """Read one frame from a blocking binary stream; None at end of stream."""
+    """Read one frame from a blocking binary stream; None at end of stream (or past the size limits)."""
     raw = _read_exact(stream, 4)
-    if raw is None:
+    if raw is None or _LEN.unpack(raw)[0] > MAX_HEADER:
         return None
     head = _read_exact(stream, _LEN.unpack(raw)[0])
     if head is None:
         return None
     raw = _read_exact(stream, 4)
-    if raw is None:
+    if raw is None or _LEN.unpack(raw)[0] > MAX_PAYLOAD:
         return None
     payload = _read_exact(stream, _LEN.unpack(raw)[0])
     if payload is None:
@@ -95,8 +127,17 @@ class Agent:
         self.out_lock = threading.Lock()
         self.workers = Workers()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}  # exec id -> Popen, for kill
+        self.streams: dict[int, Window] = {}  # exec or read id -> its flow-control window
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.base_env = dict(os.environ)
+        # The host starts the agent with the loader's variables emptied and LC_ALL=C (see the agent runtime); its
+        # commands get the container's own values back.
+        restore = self.base_env.pop("CORRAL_AGENT_RESTORE_ENV", None)
+        if restore is not None:
+            for name in LOADER_VARIABLES:
+                self.base_env.pop(name, None)
+            with contextlib.suppress(ValueError, TypeError):
+                self.base_env.update({str(k): str(v) for k, v in json.loads(restore).items()})
         self.base_env.setdefault("HOME", "/root")
         self.base_env.setdefault("LANG", "C.UTF-8")
         self.base_env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -112,7 +153,12 @@ class Agent:
                 os._exit(0)  # the host went away; nothing left to serve
 
     def result(self, rid: int, value: Header) -> None:
-        self.send({"id": rid, "ev": "result", "result": value})
+        header = {"id": rid, "ev": "result", "result": value}
+        if len(json.dumps(header, separators=(",", ":"))) > MAX_HEADER:
+            count = next((len(v) for v in value.values() if isinstance(v, list)), 0)
+            message = f"the answer ({count} entries) is larger than the {MAX_HEADER}-byte frame limit; narrow it down"
+            header = {"id": rid, "ev": "error", "kind": "too_large", "message": message}
+        self.send(header)
 
     def error(self, rid: int, exc: BaseException) -> None:
         kind, message = describe_error(exc)
@@ -120,7 +166,7 @@ class Agent:
 
     # main loop ----------------------------------------------------------------------------------------------------
     def serve(self) -> None:
-        self.send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid()})
+        self.send({"id": 0, "ev": "hello", "version": PROTOCOL_VERSION, "pid": os.getpid(), "features": FEATURES})
         while True:
             frame = read_frame(self.inp)
             if frame is None:
@@ -153,17 +199,28 @@ class Agent:
                 self.result(rid, {"bytes_written": size})
             return
         if op == "write":
-            path = h["path"]
-            parent = os.path.dirname(path)
-            if parent:
-                os.makedirs(parent, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, h.get("mode") or 0o644)
+            if h.get("beneath"):
+                fd = create_beneath(h)
+            else:
+                path = h["path"]
+                parent = os.path.dirname(path)
+                if parent:
+                    os.makedirs(parent, exist_ok=True)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, h.get("mode") or 0o644)
             if h.get("mode") is not None:
                 os.fchmod(fd, h["mode"])
             self.writes[rid] = os.fdopen(fd, "wb")
             self.send({"id": rid, "ev": "ready"})
             return
+        if op == "credit":
+            window = self.streams.get(h.get("target", -1))
+            if window is not None:
+                window.grant(int(h.get("bytes", 0)))
+            return
         if op == "kill":
+            window = self.streams.get(h["target"])
+            if window is not None:
+                window.cancel()
             proc = self.procs.get(h["target"])
             if proc is not None:
                 kill_group(proc)
@@ -218,6 +275,7 @@ class Agent:
             self.send({"id": rid, "ev": "exit", "code": 126, "timed_out": False, "duration_ms": 0.0})
             return
         self.procs[rid] = proc
+        window = self.streams[rid] = Window()
         timed_out = False
         stdout, stderr = proc.stdout, proc.stderr
         assert stdout is not None  # both are PIPE
@@ -241,16 +299,28 @@ class Agent:
                 waits = [0.05 if exited_at is None else 0.25 - (now - exited_at)]
                 if deadline is not None and not timed_out:
                     waits.append(deadline - now)
+                if window.cancelled:
+                    break
+                if window.room() <= 0:
+                    # No credit: leave the pipes unread, so the command blocks on its writes until the host reads.
+                    window.wait(max(0, min(waits)))
+                    continue
                 for fd, _ in poller.poll(max(0, min(waits)) * 1000):
-                    data = os.read(fd, CHUNK)
+                    if window.room() <= 0:
+                        break  # the other pipe's frame used the credit up
+                    data = os.read(fd, min(CHUNK, window.room()))
                     if data:
+                        window.take(len(data) + FRAME_COST)
                         self.send({"id": rid, "ev": "out", "fd": fds[fd]}, data)
                     else:
                         poller.unregister(fd)
                         del fds[fd]
+            # The command is over: nothing it left in its process group keeps running (fork bombs, stray jobs).
+            kill_group(proc)
             code = proc.wait()
         finally:
             self.procs.pop(rid, None)
+            self.streams.pop(rid, None)
             stdout.close()
             stderr.close()
         if timed_out:
@@ -268,21 +338,34 @@ class Agent:
 
     def op_read(self, h: Header) -> None:
         rid = h["id"]
-        with open(h["path"], "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            self.send({"id": rid, "ev": "open", "size": size})
-            while True:
-                chunk = f.read(CHUNK)
-                if not chunk:
-                    break
-                self.send({"id": rid, "ev": "data"}, chunk)
-        self.send({"id": rid, "ev": "end"})
+        window = self.streams[rid] = Window()
+        try:
+            with open_beneath(h) if h.get("beneath") else open(h["path"], "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self.send({"id": rid, "ev": "open", "size": size})
+                while not window.cancelled:
+                    if window.room() <= 0:
+                        window.wait(1.0)
+                        continue
+                    chunk = f.read(min(CHUNK, window.room()))
+                    if not chunk:
+                        break
+                    window.take(len(chunk) + FRAME_COST)
+                    self.send({"id": rid, "ev": "data"}, chunk)
+        finally:
+            self.streams.pop(rid, None)
+        if not window.cancelled:
+            self.send({"id": rid, "ev": "end"})
         return
 
     def op_stat(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return stat_beneath(h)
         return file_info(h["path"])
 
     def op_list(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return list_beneath(h)
         path = h["path"]
         names = sorted(os.listdir(path))
         out: list[Header] = []
@@ -294,6 +377,8 @@ class Agent:
         return {"entries": out}
 
     def op_delete(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return delete_beneath(h)
         path = h["path"]
         st = os.lstat(path)
         if statlib.S_ISDIR(st.st_mode):
@@ -306,6 +391,8 @@ class Agent:
         return {}
 
     def op_move(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return move_beneath(h)
         parent = os.path.dirname(h["dst"])
         if parent:
             os.makedirs(parent, exist_ok=True)
@@ -313,17 +400,25 @@ class Agent:
         return {}
 
     def op_chmod(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return chmod_beneath(h)
         os.chmod(h["path"], h["mode"])
         return {}
 
     def op_mkdir(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return mkdir_beneath(h)
         os.makedirs(h["path"], exist_ok=h.get("exist_ok", True))
         return {}
 
     def op_realpath(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return realpath_beneath(h)
         return {"path": os.path.realpath(h["path"])}
 
     def op_glob(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return glob_beneath(h)
         root, pattern, limit = h.get("root") or "/workspace", h["pattern"], h.get("limit") or 10000
         if not os.path.isdir(root):
             raise FileNotFoundError(errno.ENOENT, "no such directory", root)
@@ -336,6 +431,8 @@ class Agent:
         return {"paths": paths[:limit], "truncated": len(paths) > limit}
 
     def op_usage(self, h: Header) -> Header:
+        if h.get("beneath"):
+            return usage_beneath(h)
         total = 0
         for dirpath, dirnames, filenames in os.walk(h["path"]):
             for name in dirnames + filenames:
@@ -344,32 +441,76 @@ class Agent:
         return {"bytes": total}
 
 
+class Window:
+    """The flow-control window of one streamed request: bytes it may still send before the host grants more."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.credit = WINDOW
+        self.cancelled = False
+
+    def room(self) -> int:
+        """Payload bytes the next frame may carry (its header's cost is taken from the credit as well)."""
+        return self.credit - FRAME_COST
+
+    def take(self, n: int) -> None:
+        with self.cond:
+            self.credit -= n
+
+    def grant(self, n: int) -> None:
+        with self.cond:
+            self.credit = min(self.credit + max(0, n), WINDOW)
+            self.cond.notify_all()
+
+    def cancel(self) -> None:
+        with self.cond:
+            self.cancelled = True
+            self.cond.notify_all()
+
+    def wait(self, timeout: float) -> None:
+        with self.cond:
+            if self.credit <= FRAME_COST and not self.cancelled:
+                self.cond.wait(timeout)
+
+
 class Workers:
-    """Daemon threads that are reused: starting a thread costs about 1.5 ms under gVisor's ptrace platform."""
+    """Daemon threads that are reused: starting a thread costs about 1.5 ms under gVisor's ptrace platform.
+
+    At most MAX_WORKERS run; further jobs wait for one (every thread counts against the sandbox's pids limit).
+    """
+
+    MAX_WORKERS = 64
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]]] = queue.SimpleQueue()
-        self.idle = 0
+        self.idle = 0  # threads waiting for a job
+        self.queued = 0  # jobs no thread has taken yet
+        self.threads = 0
         self.lock = threading.Lock()
 
     def submit(self, fn: Callable[..., None], *args: Any) -> None:
         with self.lock:
-            if self.idle:
-                self.idle -= 1
-            else:
+            self.queued += 1
+            if self.queued > self.idle and self.threads < self.MAX_WORKERS:
+                self.threads += 1
                 threading.Thread(target=self.run, daemon=True).start()
         self.jobs.put((fn, args))
 
     def run(self) -> None:
         while True:
-            fn, args = self.jobs.get()
-            fn(*args)  # guarded: never raises
             with self.lock:
                 self.idle += 1
+            fn, args = self.jobs.get()
+            with self.lock:
+                self.idle -= 1
+                self.queued -= 1
+            fn(*args)  # guarded: never raises
 
 
-def file_info(path: str) -> Header:
-    st = os.lstat(path)
+def file_info(path: str, dir_fd: int | None = None, name: str | None = None) -> Header:
+    """lstat of ``path``, or of ``name`` in the directory ``dir_fd`` (reported as ``path``)."""
+    at = path if name is None else name
+    st = os.stat(at, dir_fd=dir_fd, follow_symlinks=False)
     mode = st.st_mode
     if statlib.S_ISREG(mode):
         kind = "file"
@@ -386,13 +527,416 @@ def file_info(path: str) -> Header:
         "size": st.st_size,
         "mode": statlib.S_IMODE(mode),
         "mtime": st.st_mtime,
-        "symlink_target": os.readlink(path) if kind == "symlink" else None,
+        "symlink_target": os.readlink(at, dir_fd=dir_fd) if kind == "symlink" else None,
     }
 
 
+# --- paths confined beneath a root ---------------------------------------------------------------------------------
+#
+# A file request carrying ``beneath`` (the host sends "/workspace") has its path resolved by a walk, one component at
+# a time, from a descriptor of the root: every open names a single component relative to the directory descriptor
+# reached so far and uses O_NOFOLLOW, so the kernel never follows a symlink. Symlinks on the way are read and
+# followed by the walk itself (at most MAX_SYMLINK_HOPS): a relative target goes on from the symlink's directory, an
+# absolute one from the root, and only when it lies under the root; ``..`` pops a descriptor, never the root's. The
+# operation itself is then done relative to the descriptor of the last directory (openat, unlinkat, renameat,
+# fstatat, fchmodat without following). Walked directories are held by descriptor, so a process in the sandbox that
+# swaps one for a symlink while we work changes nothing. Linux's openat2(RESOLVE_BENEATH) would do this in the
+# kernel, but gVisor answers ENOSYS. What no walk sees is a held directory renamed out of the root meanwhile; the
+# root is a mount point, so such a rename fails with EXDEV.
+
+MAX_SYMLINK_HOPS = 40
+_O_PATH = getattr(os, "O_PATH", os.O_RDONLY)  # O_PATH needs no read permission on the directory
+_STEP = _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_RACE_RETRIES = 5  # walks started again when the last component turned into a symlink under our feet
+_GLOB_MAGIC = re.compile(r"[*?[]")
+T = TypeVar("T")
+
+
+class EscapeError(Exception):
+    """A confined path, a symlink on its way or a ``..`` leads outside the root it must stay beneath."""
+
+
+@contextlib.contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """OSErrors raised inside name ``path``, as requested, rather than the one component the failing call saw."""
+    try:
+        yield
+    except OSError as exc:
+        exc.filename = path
+        raise
+
+
+class Beneath:
+    """One walk of ``path`` beneath ``root``; a context manager that closes the descriptors it opened."""
+
+    def __init__(self, root: str, path: str) -> None:
+        if not isinstance(root, str) or not root.startswith("/"):
+            raise ValueError(f"beneath: must be an absolute directory, got {root!r}")
+        self.root = "/" + os.path.normpath(root).lstrip("/")
+        self.path = path
+        self.fds: list[int] = []  # the root's descriptor, then one per directory walked into
+        self.names: list[str] = []  # the names of the directories walked into, below the root
+        self.tail: list[str] = []  # components kept as text from the first missing one on (realpath)
+        self.via = ""  # the last symlink followed, for the message of an escape
+
+    def __enter__(self) -> Beneath:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._close_from(0)
+
+    def _close_from(self, depth: int) -> None:
+        while len(self.fds) > depth:
+            os.close(self.fds.pop())
+        del self.names[max(depth - 1, 0) :]
+
+    @property
+    def dir_fd(self) -> int:
+        """The directory the walk has reached."""
+        return self.fds[-1]
+
+    def real(self, name: str = ".") -> str:
+        """The absolute path of ``name`` in the directory reached, symlinks resolved."""
+        parts = [*self.names, *self.tail, *([] if name == "." else [name])]
+        return "/".join([self.root.rstrip("/"), *parts]) or "/"
+
+    def escape(self, why: str) -> EscapeError:
+        return EscapeError(f"{self.path!r} leads outside {self.root}{why}; paths must stay inside {self.root}")
+
+    def _inside(self, path: str) -> list[str] | None:
+        """The components of ``path`` below the root, or None when it does not lie under the root."""
+        if path == self.root:
+            return []
+        if self.root == "/" or path.startswith(self.root + "/"):
+            return [p for p in path[len(self.root) :].split("/") if p not in ("", ".")]
+        return None
+
+    def resolve(self, *, follow: bool, create: bool = False, lexical_tail: bool = False) -> str:
+        """Walk to the directory holding the path's last component and return that component's name.
+
+        The name is ``"."`` when the path is the directory reached itself: the root, a path ending in ``..``, or with
+        ``follow`` one naming a directory. ``follow`` follows a final symlink too; ``create`` makes missing
+        directories on the way; ``lexical_tail`` (realpath) keeps the components from the first missing one on as
+        text in ``tail`` instead of failing.
+
+        Raises:
+            EscapeError: the path, a symlink on its way or a ``..`` leads outside the root.
+        """
+        self._close_from(0)
+        self.tail, self.via = [], ""
+        self.fds.append(os.open(self.root, _O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))  # the root itself is trusted
+        if self.path.startswith("/"):
+            inside = self._inside(self.path)
+            if inside is None:
+                raise self.escape("")
+            todo = inside[::-1]
+        else:
+            todo = [p for p in self.path.split("/") if p not in ("", ".")][::-1]
+        steps = 0
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if self.tail:
+                    self.tail.pop()
+                elif self.names:
+                    self._close_from(len(self.fds) - 1)
+                else:
+                    raise self.escape(self.via or " through '..'")
+                continue
+            last = not todo
+            if self.tail:
+                self.tail.append(part)
+                continue
+            if last and not follow:
+                return part
+            try:
+                fd = os.open(part, _STEP, dir_fd=self.dir_fd)
+            except FileNotFoundError:
+                if last:
+                    return part  # the caller creates it, or reports it missing
+                if create and steps < MAX_SYMLINK_HOPS:
+                    steps += 1
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=self.dir_fd)
+                    todo.append(part)
+                    continue
+                if lexical_tail:
+                    self.tail.append(part)
+                    continue
+                raise
+            mode = os.fstat(fd).st_mode
+            if statlib.S_ISDIR(mode):
+                self.fds.append(fd)
+                self.names.append(part)
+                continue
+            if statlib.S_ISLNK(mode):
+                try:
+                    target = os.readlink("", dir_fd=fd)  # the link the open found, not whatever the name is now
+                finally:
+                    os.close(fd)
+                steps += 1
+                if steps > MAX_SYMLINK_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), self.path)
+                self.via = f" through the symlink {self.real(part)} -> {target}"
+                if target.startswith("/"):
+                    inside = self._inside(target)  # its ``..`` are walked like any other, never above the root
+                    if inside is None:
+                        raise self.escape(self.via)
+                    self._close_from(1)
+                    todo.extend(inside[::-1])
+                elif target:
+                    todo.extend([p for p in target.split("/") if p not in ("", ".")][::-1])
+                else:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.path)
+                continue
+            os.close(fd)
+            if last:
+                return part
+            if lexical_tail:
+                self.tail.append(part)
+                continue
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), self.path)
+        return "."
+
+
+def _at(root: str, path: str, act: Callable[[int, str], T], *, follow: bool, create: bool = False) -> T:
+    """Resolve ``path`` beneath ``root`` and return ``act(dir_fd, name)`` for its last component.
+
+    Every final call opens with O_NOFOLLOW; when it fails with ELOOP the last component became a symlink after the
+    walk looked at it, and the walk starts again (that symlink is then followed, or refused, by the walk).
+    """
+    for attempt in range(_RACE_RETRIES):
+        with Beneath(root, path) as walk, _naming(path):
+            name = walk.resolve(follow=follow, create=create)
+            try:
+                return act(walk.dir_fd, name)
+            except OSError as exc:
+                if exc.errno != errno.ELOOP or attempt + 1 == _RACE_RETRIES:
+                    raise
+    raise AssertionError("unreachable")
+
+
+def open_beneath(h: Header) -> BinaryIO:
+    """``read``: the file at ``path``, opened for reading beneath ``beneath``."""
+
+    def act(dir_fd: int, name: str) -> BinaryIO:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        if statlib.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), h["path"])
+        return os.fdopen(fd, "rb")
+
+    return _at(h["beneath"], h["path"], act, follow=True)
+
+
+def create_beneath(h: Header) -> int:
+    """``write``: a descriptor of the file at ``path``, created (parents too) or truncated, beneath ``beneath``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    mode = h.get("mode") or 0o644
+    return _at(h["beneath"], h["path"], lambda d, n: os.open(n, flags, mode, dir_fd=d), follow=True, create=True)
+
+
+def stat_beneath(h: Header) -> Header:
+    """``stat`` of ``path`` beneath ``beneath`` (a final symlink is reported, not followed)."""
+    return _at(h["beneath"], h["path"], lambda d, n: file_info(h["path"], d, n), follow=False)
+
+
+def list_beneath(h: Header) -> Header:
+    """``list`` of the directory at ``path`` beneath ``beneath``."""
+    path = h["path"]
+
+    def act(dir_fd: int, name: str) -> Header:
+        fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+        try:
+            out: list[Header] = []
+            for entry in sorted(os.listdir(fd)):
+                try:
+                    out.append(file_info(os.path.join(path, entry), fd, entry))
+                except FileNotFoundError:
+                    continue  # removed while we listed
+            return {"entries": out}
+        finally:
+            os.close(fd)
+
+    return _at(h["beneath"], path, act, follow=True)
+
+
+def delete_beneath(h: Header) -> Header:
+    """``delete`` of ``path`` beneath ``beneath``; a final symlink is removed, not followed."""
+
+    def act(dir_fd: int, name: str) -> Header:
+        if name == ".":
+            raise OSError(errno.EBUSY, "refusing to delete the directory the path ends in", h["path"])
+        if statlib.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            if h.get("recursive"):
+                shutil.rmtree(name, dir_fd=dir_fd)  # fd-based: it never follows a symlink either
+            else:
+                os.rmdir(name, dir_fd=dir_fd)
+        else:
+            os.unlink(name, dir_fd=dir_fd)
+        return {}
+
+    return _at(h["beneath"], h["path"], act, follow=False)
+
+
+def move_beneath(h: Header) -> Header:
+    """``move`` of ``src`` to ``dst`` (parents created), both beneath ``beneath``; symlinks are moved, not followed."""
+    with Beneath(h["beneath"], h["src"]) as src, Beneath(h["beneath"], h["dst"]) as dst:
+        with _naming(h["src"]):
+            src_name = src.resolve(follow=False)
+        with _naming(h["dst"]):
+            dst_name = dst.resolve(follow=False, create=True)
+        with _naming(h["src"]):
+            os.rename(src_name, dst_name, src_dir_fd=src.dir_fd, dst_dir_fd=dst.dir_fd)
+    return {}
+
+
+def chmod_beneath(h: Header) -> Header:
+    """``chmod`` of ``path`` beneath ``beneath``; a final symlink inside the root is followed by the walk."""
+
+    def act(dir_fd: int, name: str) -> Header:
+        os.chmod(name, h["mode"], dir_fd=dir_fd, follow_symlinks=False)
+        return {}
+
+    return _at(h["beneath"], h["path"], act, follow=True)
+
+
+def mkdir_beneath(h: Header) -> Header:
+    """``mkdir`` of ``path`` and its parents beneath ``beneath``."""
+    exist_ok = h.get("exist_ok", True)
+
+    def act(dir_fd: int, name: str) -> Header:
+        if name != ".":
+            try:
+                os.mkdir(name, 0o777, dir_fd=dir_fd)
+                return {}
+            except FileExistsError:
+                if not statlib.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                    raise
+        if not exist_ok:
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), h["path"])
+        return {}
+
+    return _at(h["beneath"], h["path"], act, follow=True, create=True)
+
+
+def realpath_beneath(h: Header) -> Header:
+    """``realpath`` of ``path`` beneath ``beneath``; missing trailing components are kept as they are."""
+    with Beneath(h["beneath"], h["path"]) as walk, _naming(h["path"]):
+        return {"path": walk.real(walk.resolve(follow=True, lexical_tail=True))}
+
+
+def glob_beneath(h: Header) -> Header:
+    """``glob`` under ``root`` beneath ``beneath``: symlinks are matched as entries but never walked into."""
+    root, pattern, limit = h.get("root") or h["beneath"], h["pattern"], h.get("limit") or 10000
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    if pattern.startswith("/") or ".." in parts or not parts:
+        raise EscapeError(f"pattern {pattern!r} must be relative to {root} and must not contain '..'")
+    dirs_only, hidden = pattern.endswith("/"), bool(h.get("hidden", False))
+
+    def act(dir_fd: int, name: str) -> Header:
+        fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+        found: set[str] = set()
+        matches = _glob_walk(fd, "", parts, hidden=hidden, dirs_only=dirs_only)
+        try:
+            for rel in matches:
+                found.add(rel)
+                if len(found) > limit:
+                    break
+        finally:
+            matches.close()
+            os.close(fd)
+        paths = sorted(os.path.normpath(os.path.join(root, rel)) for rel in found)
+        return {"paths": paths[:limit], "truncated": len(paths) > limit}
+
+    try:
+        return _at(h["beneath"], root, act, follow=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(errno.ENOENT, "no such directory", root) from None
+
+
+def _scan(fd: int) -> list[tuple[str, bool]]:
+    """The entries of the directory ``fd`` as (name, is a real directory), sorted; nothing if it cannot be read."""
+    try:
+        with os.scandir(fd) as entries:
+            return sorted((e.name, e.is_dir(follow_symlinks=False)) for e in entries)
+    except OSError:
+        return []
+
+
+def _glob_walk(fd: int, prefix: str, parts: list[str], *, hidden: bool, dirs_only: bool) -> Generator[str]:
+    """Relative paths under the directory ``fd`` matching ``parts`` by glob's rules (``**`` spans directories,
+    hidden names need ``hidden`` or a pattern that spells the dot), walking into real directories only."""
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        if rest:
+            yield from _glob_walk(fd, prefix, rest, hidden=hidden, dirs_only=dirs_only)
+        for name, is_dir in _scan(fd):
+            if name.startswith(".") and not hidden:
+                continue
+            if not rest and (is_dir or not dirs_only):
+                yield prefix + name
+            if is_dir:
+                yield from _glob_into(fd, name, prefix, parts, hidden=hidden, dirs_only=dirs_only)
+        return
+    if _GLOB_MAGIC.search(head):
+        show_hidden = hidden or head.startswith(".")
+        candidates = [
+            (n, d) for n, d in _scan(fd) if fnmatch.fnmatchcase(n, head) and (show_hidden or not n.startswith("."))
+        ]
+    else:
+        try:
+            candidates = [(head, statlib.S_ISDIR(os.stat(head, dir_fd=fd, follow_symlinks=False).st_mode))]
+        except OSError:
+            return
+    for name, is_dir in candidates:
+        if not rest:
+            if is_dir or not dirs_only:
+                yield prefix + name
+        elif is_dir:
+            yield from _glob_into(fd, name, prefix, rest, hidden=hidden, dirs_only=dirs_only)
+
+
+def _glob_into(fd: int, name: str, prefix: str, parts: list[str], *, hidden: bool, dirs_only: bool) -> Iterator[str]:
+    try:
+        sub = os.open(name, _OPEN_DIR, dir_fd=fd)
+    except OSError:
+        return  # gone, or swapped for a symlink meanwhile: not walked into
+    try:
+        yield from _glob_walk(sub, f"{prefix}{name}/", parts, hidden=hidden, dirs_only=dirs_only)
+    finally:
+        os.close(sub)
+
+
+def usage_beneath(h: Header) -> Header:
+    """``usage``: bytes allocated under ``path`` beneath ``beneath``, counted without following any symlink."""
+
+    def act(dir_fd: int, name: str) -> Header:
+        fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
+        total = 0
+        try:
+            for _, dirnames, filenames, walked in os.fwalk(".", dir_fd=fd):
+                for entry in dirnames + filenames:
+                    with contextlib.suppress(OSError):
+                        total += os.stat(entry, dir_fd=walked, follow_symlinks=False).st_blocks * 512
+        finally:
+            os.close(fd)
+        return {"bytes": total}
+
+    return _at(h["beneath"], h["path"], act, follow=True)
+
+
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    """SIGKILL every process in the command's process group, again until none is left (a forking group can add
+    members while the first signal is delivered)."""
+    for _ in range(20):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        proc.poll()  # reap the leader, so its zombie does not keep the group alive
+        time.sleep(0.001)
 
 
 _ERRNO_KINDS = {
@@ -409,6 +953,8 @@ _ERRNO_KINDS = {
 
 
 def describe_error(exc: BaseException) -> tuple[str, str | None]:
+    if isinstance(exc, EscapeError):
+        return "escape", str(exc)
     if isinstance(exc, OSError) and exc.errno in _ERRNO_KINDS:
         where = exc.filename if exc.filename is not None else ""
         return _ERRNO_KINDS[exc.errno], f"{where}: {exc.strerror}" if where else exc.strerror
@@ -419,7 +965,16 @@ def describe_error(exc: BaseException) -> tuple[str, str | None]:
     return "os", f"{type(exc).__name__}: {exc}"
 
 
+def not_dumpable() -> None:
+    """PR_SET_DUMPABLE 0: processes without CAP_SYS_PTRACE (everything in a workspace) can no longer ptrace the agent
+    or open its /proc/<pid>/fd, mem and maps, so they cannot write into its frame stream or read the host's requests.
+    Enforced by Linux under runc; gVisor release 20221219 does not enforce it (the host's checks still hold)."""
+    with contextlib.suppress(Exception):  # without libc's prctl the agent just stays dumpable
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
+
+
 def main() -> None:
+    not_dumpable()
     # stdout carries frames only; anything the agent prints by mistake goes to stderr.
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

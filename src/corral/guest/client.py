@@ -4,6 +4,24 @@ A :class:`GuestConnection` wraps one byte stream to one agent (a hijacked ``dock
 connection, a local pipe) and multiplexes many concurrent requests over it. It raises Corral's typed errors for
 file problems and :class:`GuestConnectionLost` when the stream ends; providers decide what a lost connection means
 for their workspace (stopped, destroyed, or just an agent that must be restarted).
+
+Everything the agent sends is treated as written by an attacker: root inside the workspace can replace or drive the
+agent. So the host's memory never depends on what the agent sends:
+
+* a frame's header may hold at most :data:`~corral.guest.agent.MAX_HEADER` bytes and its payload
+  :data:`~corral.guest.agent.MAX_PAYLOAD`; the lengths are checked before anything is read or allocated;
+* streamed data (exec output, file reads) is flow-controlled: the agent may have at most
+  :data:`~corral.guest.agent.WINDOW` bytes in flight per request and sends more only after the host grants credit,
+  which it does as its consumer takes data, so a slow HTTP client slows the agent, not the server's memory;
+* a streamed frame costs its payload plus :data:`~corral.guest.agent.FRAME_COST` of the window and may have a header
+  of at most 256 bytes; any other answer counts against a handful per request; a frame for a request the host
+  never made, or already finished, is a violation too (an abandoned request's last frames are tolerated up to a
+  window), so a flood of small or unsolicited frames costs nothing either;
+* a frame that breaks these rules (too long, not JSON, not an object, data beyond the window) ends the connection
+  with :class:`GuestProtocolError`, whose message says what the agent did; every request in flight fails with it;
+* every wait for the agent has a deadline (:data:`ANSWER_TIMEOUT_S`, longer for walks of the whole workspace; exec
+  output has its command's own deadline), so a stopped agent (``kill -STOP``) costs a request a bounded wait: the
+  connection is then closed, and the next call starts a fresh agent.
 """
 
 from __future__ import annotations
@@ -14,21 +32,42 @@ import itertools
 import json
 import logging
 import struct
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
-from typing import Any, Protocol
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from typing import Any, NoReturn, Protocol
 
 from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
-from corral.guest.agent import encode_frame
+from corral.guest.agent import FRAME_COST, MAX_HEADER, MAX_PAYLOAD, WINDOW, encode_frame
 
-__all__ = ["GuestConnection", "GuestConnectionLost", "Writer"]
+__all__ = ["ByteReader", "GuestConnection", "GuestConnectionLost", "GuestProtocolError", "Writer"]
 
 log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
 _WRITE_CHUNK = 256 * 1024
+_STREAM_EVENTS = frozenset({"out", "data"})
+_MAX_QUEUED_FRAMES = 4
+"""Besides streamed data, a request has a couple of frames queued at most (open or ready, then exit, end or result)."""
+_MAX_STREAM_HEADER = 256
+_MAX_ABANDONED = 4096
+ANSWER_TIMEOUT_S = 60.0
+"""How long the host waits for any answer of the agent (a stat, the next chunk of a file, a write's acknowledgement)
+before it gives the connection up as stuck."""
 
 
 class GuestConnectionLost(ConnectionError):
     """The stream to the agent ended; every request in flight fails with this."""
+
+
+class GuestProtocolError(GuestConnectionLost):
+    """The agent broke the protocol (an oversized or garbage frame, data past its flow-control window).
+
+    The connection is closed; the workspace should be treated as broken: something inside it drives the agent.
+    """
+
+
+class ByteReader(Protocol):
+    """The part of :class:`asyncio.StreamReader` the connection uses."""
+
+    async def readexactly(self, n: int) -> bytes: ...
 
 
 class Writer(Protocol):
@@ -42,16 +81,58 @@ class Writer(Protocol):
 Frame = tuple[dict[str, Any], bytes]
 
 
+class _Request:
+    """One request in flight: its frames, and the flow-control books of its streamed data."""
+
+    __slots__ = ("consumed", "queue", "queued_data", "queued_frames", "streaming")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Frame | None] = asyncio.Queue()
+        self.queued_data = 0  # streamed bytes waiting in the queue: never more than the window granted
+        self.queued_frames = 0  # other frames waiting (open, exit, result...): a request takes a handful
+        self.consumed = 0  # streamed bytes taken by the consumer since the last credit
+        self.streaming = False  # exec and read answer with streamed frames; other requests never do
+
+    def enqueue(self, header: dict[str, Any], payload: bytes, header_size: int) -> None:
+        """Queue a frame for the consumer; an agent that sends past its window breaks the protocol."""
+        if header.get("ev") in _STREAM_EVENTS:
+            if not self.streaming or not payload or header_size > _MAX_STREAM_HEADER:
+                raise GuestProtocolError("a data frame that no request of this kind takes")
+            self.queued_data += len(payload) + FRAME_COST
+            if self.queued_data > WINDOW:
+                raise GuestProtocolError(
+                    f"more than {WINDOW} bytes of unread data for one request: it ignores flow control"
+                )
+        else:
+            self.queued_frames += 1
+            if self.queued_frames > _MAX_QUEUED_FRAMES:
+                raise GuestProtocolError(f"more than {_MAX_QUEUED_FRAMES} unread answers to one request")
+        self.queue.put_nowait((header, payload))
+
+
 class GuestConnection:
     """Many concurrent requests over one agent stream."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: Writer, *, label: str) -> None:
+    def __init__(
+        self,
+        reader: ByteReader,
+        writer: Writer,
+        *,
+        label: str,
+        on_violation: Callable[[str], None] | None = None,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
+    ) -> None:
         self._reader = reader
+        self._on_violation = on_violation
+        self.answer_timeout_s = answer_timeout_s
         self._writer = writer
         self._label = label
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Queue[Frame | None]] = {}
+        self._pending: dict[int, _Request] = {}
+        self._abandoned: dict[int, int] = {}  # request id -> bytes of late frames still tolerated
         self._closed = False
+        self.violation: str | None = None
+        """Why the connection was closed, when the agent broke the protocol."""
         self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._read_loop(), name=f"guest-reader-{label}")
 
@@ -59,6 +140,13 @@ class GuestConnection:
     def closed(self) -> bool:
         """True once the stream has ended or :meth:`aclose` was called."""
         return self._closed
+
+    @property
+    def features(self) -> frozenset[str]:
+        """What the agent's hello said it can do beyond its protocol version (empty until the hello arrived)."""
+        if not self._hello.done() or self._hello.cancelled() or self._hello.exception() is not None:
+            return frozenset()
+        return frozenset(str(f) for f in self._hello.result().get("features") or ())
 
     async def wait_ready(self, timeout: float) -> dict[str, Any]:
         """Wait for the agent's hello frame (it sends one as soon as it starts)."""
@@ -79,151 +167,247 @@ class GuestConnection:
 
     # --- plumbing ---------------------------------------------------------------------------------------------------
 
+    async def _read_frame(self) -> tuple[dict[str, Any], bytes, int]:
+        head_len = _LEN.unpack(await self._reader.readexactly(_LEN.size))[0]
+        if head_len > MAX_HEADER:
+            raise GuestProtocolError(f"a frame header of {head_len} bytes, over the {MAX_HEADER}-byte limit")
+        raw = await self._reader.readexactly(head_len)
+        try:
+            header = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise GuestProtocolError("a frame header that is not JSON") from None
+        if not isinstance(header, dict) or not isinstance(header.get("id", 0), int):
+            raise GuestProtocolError("a frame header that is not an object with an integer id")
+        payload_len = _LEN.unpack(await self._reader.readexactly(_LEN.size))[0]
+        if payload_len > MAX_PAYLOAD:
+            raise GuestProtocolError(f"a frame payload of {payload_len} bytes, over the {MAX_PAYLOAD}-byte limit")
+        return header, await self._reader.readexactly(payload_len), head_len
+
     async def _read_loop(self) -> None:
         try:
             while True:
-                head = await self._reader.readexactly(_LEN.size)
-                header: dict[str, Any] = json.loads(await self._reader.readexactly(_LEN.unpack(head)[0]))
-                payload = await self._reader.readexactly(_LEN.unpack(await self._reader.readexactly(_LEN.size))[0])
+                header, payload, header_size = await self._read_frame()
                 rid = header.get("id", 0)
-                if rid == 0 and header.get("ev") == "hello":
-                    if not self._hello.done():
-                        self._hello.set_result(header)
-                    continue
-                queue = self._pending.get(rid)
-                if queue is not None:
-                    queue.put_nowait((header, payload))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError) as exc:
+                request = self._pending.get(rid)
+                if request is not None:
+                    request.enqueue(header, payload, header_size)
+                elif rid == 0 and header.get("ev") == "hello" and not self._hello.done():
+                    self._hello.set_result(header)
+                else:
+                    self._late(rid, len(payload) + header_size)
+        except GuestProtocolError as exc:
+            self.violation = f"the agent in {self._label} sent {exc}"
+            log.warning("%s; closing the connection", self.violation)
+            if self._on_violation is not None:
+                self._on_violation(self.violation)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
             log.debug("agent stream of %s ended: %s", self._label, exc)
         finally:
             self._closed = True
+            with contextlib.suppress(Exception):
+                self._writer.close()
             self._fail_pending()
+
+    def _late(self, rid: int, size: int) -> None:
+        """A frame for no request in flight: tolerated for a request the host abandoned, up to a window's worth."""
+        budget = self._abandoned.get(rid)
+        if budget is None or budget < size:
+            raise GuestProtocolError(f"a frame for request {rid}, which is not in flight")
+        self._abandoned[rid] = budget - size
+
+    def _finish(self, rid: int, *, done: bool) -> None:
+        """The request is over: a finished one takes no more frames, an abandoned one its last few."""
+        self._pending.pop(rid, None)
+        if not done:
+            self._abandoned[rid] = WINDOW + MAX_HEADER
+            while len(self._abandoned) > _MAX_ABANDONED:
+                self._abandoned.pop(next(iter(self._abandoned)))
+
+    async def _kill(self, target: int) -> None:
+        """Stop a request the host gave up on (its command is killed, its read ends); the answer is not awaited."""
+        rid = next(self._ids)
+        self._abandoned[rid] = MAX_HEADER  # the agent acknowledges the kill; that answer is expected and dropped
+        await self._send({"id": rid, "op": "kill", "target": target})
+
+    def _lost_error(self) -> GuestConnectionLost:
+        if self.violation is not None:
+            return GuestProtocolError(self.violation)
+        return GuestConnectionLost(f"connection to the agent in {self._label} was lost")
 
     def _fail_pending(self) -> None:
         if not self._hello.done():
-            self._hello.set_exception(GuestConnectionLost(f"agent in {self._label} exited before it was ready"))
+            self._hello.set_exception(
+                GuestProtocolError(self.violation)
+                if self.violation
+                else GuestConnectionLost(f"agent in {self._label} exited before it was ready")
+            )
             self._hello.exception()  # mark retrieved: nobody may be waiting
-        for queue in self._pending.values():
-            queue.put_nowait(None)
+        for request in self._pending.values():
+            request.queue.put_nowait(None)
 
     async def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         if self._closed:
-            raise GuestConnectionLost(f"connection to the agent in {self._label} is closed")
+            raise self._lost_error()
         self._writer.write(encode_frame(header, payload))
         try:
-            await self._writer.drain()
+            await asyncio.wait_for(self._writer.drain(), self.answer_timeout_s)
+        except TimeoutError:
+            await self._give_up(
+                f"the agent in {self._label} has not read what the host sent for {self.answer_timeout_s:g} s"
+            )
         except (ConnectionError, OSError) as exc:
             raise GuestConnectionLost(f"connection to the agent in {self._label} broke: {exc}") from exc
 
-    def _open(self) -> tuple[int, asyncio.Queue[Frame | None]]:
-        rid = next(self._ids)
-        queue: asyncio.Queue[Frame | None] = asyncio.Queue()
-        self._pending[rid] = queue
-        return rid, queue
+    async def _give_up(self, reason: str) -> NoReturn:
+        """The agent is stuck (stopped, or too slow to be trusted): close the connection; the next call starts a new
+        agent."""
+        log.warning("%s; closing the connection", reason)
+        await self.aclose()
+        raise GuestConnectionLost(reason)
 
-    async def _next(self, queue: asyncio.Queue[Frame | None]) -> Frame:
-        frame = await queue.get()
+    def _open(self, *, streaming: bool = False) -> tuple[int, _Request]:
+        rid = next(self._ids)
+        request = _Request()
+        request.streaming = streaming
+        self._pending[rid] = request
+        return rid, request
+
+    async def _next(self, rid: int, request: _Request, timeout: float | None = -1.0) -> Frame:
+        """The request's next frame; ``timeout`` None waits as long as it takes, the default the connection's."""
+        timeout = self.answer_timeout_s if timeout == -1.0 else timeout
+        try:
+            frame = await asyncio.wait_for(request.queue.get(), timeout)
+        except TimeoutError:
+            await self._give_up(f"the agent in {self._label} did not answer within {timeout:g} s")
         if frame is None:
-            raise GuestConnectionLost(f"connection to the agent in {self._label} was lost")
-        header = frame[0]
+            raise self._lost_error()
+        header, payload = frame
+        if header.get("ev") in _STREAM_EVENTS:
+            request.queued_data -= len(payload) + FRAME_COST
+        else:
+            request.queued_frames -= 1
         if header.get("ev") == "error":
             raise _agent_error(header)
+        if header.get("ev") in _STREAM_EVENTS:
+            request.consumed += len(payload)
+            request.consumed += FRAME_COST
+            if request.consumed >= WINDOW // 2 and not self._closed:
+                granted, request.consumed = request.consumed, 0
+                await self._send({"id": 0, "op": "credit", "target": rid, "bytes": granted})
         return frame
 
     # --- requests ---------------------------------------------------------------------------------------------------
 
-    async def call(self, op: str, **args: Any) -> dict[str, Any]:
-        """Send one request and return its ``result`` object."""
-        rid, queue = self._open()
+    async def call(self, op: str, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+        """Send one request and return its ``result`` object (``timeout``: the longest wait for the answer, by
+        default the connection's ``answer_timeout_s``)."""
+        rid, request = self._open()
+        done = False
         try:
             await self._send({"id": rid, "op": op, **args})
-            header, _ = await self._next(queue)
-            result: dict[str, Any] = header.get("result", {})
+            header, _ = await self._next(rid, request, -1.0 if timeout is None else timeout)
+            done = True
+            result = header.get("result", {})
+            if not isinstance(result, dict):
+                raise GuestProtocolError(f"the agent in {self._label} answered {op!r} with a non-object result")
             return result
         finally:
-            self._pending.pop(rid, None)
+            self._finish(rid, done=done)
 
     async def exec(
         self, argv: list[str], *, cwd: str, env: dict[str, str], timeout_s: float | None
     ) -> AsyncGenerator[Frame]:
         """Start a command; yields ``out`` frames and finally the ``exit`` frame. Closing early kills it."""
-        rid, queue = self._open()
+        rid, request = self._open(streaming=True)
         finished = False
         try:
             await self._send({"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s})
             while True:
-                frame = await self._next(queue)
+                frame = await self._next(rid, request, None)  # the command's own deadline applies (see remote.py)
                 if frame[0].get("ev") == "exit":
                     finished = True
                 yield frame
                 if finished:
                     return
         finally:
-            self._pending.pop(rid, None)
+            self._finish(rid, done=finished)
             if not finished and not self._closed:
                 with contextlib.suppress(Exception):
-                    await self._send({"id": next(self._ids), "op": "kill", "target": rid})
+                    await self._kill(rid)
 
-    async def open_read(self, path: str) -> AsyncIterator[bytes]:
+    async def open_read(self, path: str, **args: Any) -> AsyncIterator[bytes]:
         """Open ``path`` for reading: path errors are raised now; returns the chunk iterator."""
-        rid, queue = self._open()
+        rid, request = self._open(streaming=True)
         try:
-            await self._send({"id": rid, "op": "read", "path": path})
-            await self._next(queue)  # "open", or an error
+            await self._send({"id": rid, "op": "read", "path": path, **args})
+            await self._next(rid, request)  # "open", or an error
         except BaseException:
-            self._pending.pop(rid, None)
+            self._finish(rid, done=False)
             raise
-        return self._chunks(rid, queue)
+        return self._chunks(rid, request)
 
-    async def _chunks(self, rid: int, queue: asyncio.Queue[Frame | None]) -> AsyncIterator[bytes]:
+    async def _chunks(self, rid: int, request: _Request) -> AsyncIterator[bytes]:
+        finished = False
         try:
             while True:
-                header, payload = await self._next(queue)
+                header, payload = await self._next(rid, request)
                 if header.get("ev") == "end":
+                    finished = True
                     return
                 yield payload
         finally:
-            self._pending.pop(rid, None)
+            self._finish(rid, done=finished)
+            if not finished and not self._closed:  # the reader stopped early: the agent stops reading the file
+                with contextlib.suppress(Exception):
+                    await self._kill(rid)
 
-    async def write(self, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None) -> int:
+    async def write(self, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None, **args: Any) -> int:
         """Stream ``data`` into ``path`` (parents created); returns the bytes written."""
-        rid, queue = self._open()
+        rid, request = self._open()
+        done = False
         try:
-            await self._send({"id": rid, "op": "write", "path": path, "mode": mode})
-            await self._next(queue)  # "ready", or an error such as "is a directory"
+            await self._send({"id": rid, "op": "write", "path": path, "mode": mode, **args})
+            await self._next(rid, request)  # "ready", or an error such as "is a directory"
             if isinstance(data, bytes | bytearray | memoryview):
                 view = memoryview(data)
                 for start in range(0, len(view), _WRITE_CHUNK):
                     await self._send({"id": rid, "op": "data"}, bytes(view[start : start + _WRITE_CHUNK]))
-                    self._raise_early_error(queue)
+                    self._raise_early_error(request)
             else:
                 async for chunk in data:
-                    if chunk:
-                        await self._send({"id": rid, "op": "data"}, bytes(chunk))
-                        self._raise_early_error(queue)
+                    for start in range(0, len(chunk), _WRITE_CHUNK):
+                        await self._send({"id": rid, "op": "data"}, bytes(chunk[start : start + _WRITE_CHUNK]))
+                        self._raise_early_error(request)
             await self._send({"id": rid, "op": "end"})
-            header, _ = await self._next(queue)
-            return int(header["result"]["bytes_written"])
+            header, _ = await self._next(rid, request)
+            done = True
+            try:
+                return int(header["result"]["bytes_written"])
+            except (KeyError, TypeError, ValueError):
+                raise GuestProtocolError(f"the agent in {self._label} answered a write without a byte count") from None
         finally:
-            self._pending.pop(rid, None)
+            self._finish(rid, done=done)
 
-    @staticmethod
-    def _raise_early_error(queue: asyncio.Queue[Frame | None]) -> None:
-        """A write that failed mid-stream (disk full) answers at once; stop sending instead of streaming on."""
-        if not queue.empty():
-            frame = queue.get_nowait()
+    def _raise_early_error(self, request: _Request) -> None:
+        """A write that failed mid-stream (disk full) answers at once; stop sending instead of streaming on.
+
+        Nothing but an error may arrive before the host has sent ``end``.
+        """
+        if not request.queue.empty():
+            frame = request.queue.get_nowait()
             if frame is None:
-                raise GuestConnectionLost("connection to the agent was lost during a write")
+                raise self._lost_error()
             if frame[0].get("ev") == "error":
                 raise _agent_error(frame[0])
+            raise GuestProtocolError(f"the agent in {self._label} answered a write before it ended")
 
 
 def _agent_error(header: dict[str, Any]) -> Exception:
-    kind, message = header.get("kind", "os"), str(header.get("message", "operation failed"))
+    kind, message = header.get("kind", "os"), str(header.get("message", "operation failed"))[:2000]
     if kind == "not_found":
         return WorkspaceFileNotFoundError(message)
-    if kind == "invalid":
+    if kind in ("invalid", "escape"):
         return InvalidRequestError(message)
     if kind == "no_space":
         return ResourceLimitError(f"workspace disk is full: {message}")
-    return FileOperationError(message, details={"kind": kind})
+    return FileOperationError(message, details={"kind": str(kind)[:40]})

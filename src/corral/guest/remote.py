@@ -16,12 +16,21 @@ workspace's real state. :class:`AgentBackedProvider` holds that code once. A pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from typing import Any, TypeVar
 
-from corral.errors import ExecTimeoutError, InvalidRequestError, ProviderUnavailableError
-from corral.guest.client import GuestConnection, GuestConnectionLost
+from corral.errors import (
+    CorralError,
+    ExecTimeoutError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+    TooManyRequestsError,
+    WorkspaceBrokenError,
+)
+from corral.guest.client import ANSWER_TIMEOUT_S, GuestConnection, GuestConnectionLost, GuestProtocolError
 from corral.providers.base import (
     WORKSPACE_ROOT,
     ExecEvent,
@@ -30,36 +39,126 @@ from corral.providers.base import (
     ExecRequest,
     ExecResult,
     FileInfo,
+    WorkspaceEvent,
     check_path,
     collect_exec,
 )
 
-__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "file_info_from_json"]
+__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "ExecGate", "file_info_from_json"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 EXEC_GRACE_S = 15.0
 """How long past a command's own deadline the host waits for the agent to report the kill, before giving up."""
 LOST = "lost the connection to the workspace agent"
 LOST_STATE_GRACE_S = 2.0
+WALK_TIMEOUT_S = 600.0
+"""How long a walk of a whole tree (glob, disk usage) may take before the agent is given up as stuck."""
+VIOLATION_GRACE_S = 1.0
+"""How long a protocol violation waits to see whether the sandbox is dying (then it is a death, not an attack)."""
+
+
+def _exit_status(header: dict[str, Any]) -> tuple[int, float]:
+    """The exit code and duration of an ``exit`` frame; the values come from inside the workspace, so check them."""
+    code = header.get("code")
+    if isinstance(code, bool) or not isinstance(code, int) or not -(2**31) <= code < 2**31:
+        raise GuestProtocolError(f"an exit frame with an invalid exit code {str(code)[:40]!r}")
+    return code, _duration(header)
+
+
+def _duration(header: dict[str, Any]) -> float:
+    duration = header.get("duration_ms", 0.0)
+    return float(duration) if isinstance(duration, int | float) and not isinstance(duration, bool) else 0.0
 
 
 def file_info_from_json(raw: dict[str, Any]) -> FileInfo:
-    """The agent's ``stat``/``list`` entry as a :class:`FileInfo`."""
+    """The agent's ``stat``/``list`` entry as a :class:`FileInfo`.
+
+    Raises:
+        ValueError, TypeError or KeyError: an entry that is not what the agent's protocol sends.
+    """
+    kind, target = raw["type"], raw.get("symlink_target")
+    if kind not in ("file", "dir", "symlink", "other"):
+        raise ValueError(f"unknown file type {str(kind)[:20]!r}")
     return FileInfo(
-        path=raw["path"],
-        name=raw["name"],
-        type=raw["type"],
+        path=_text(raw["path"]),
+        name=_text(raw["name"]),
+        type=kind,
         size=int(raw["size"]),
-        mode=int(raw["mode"]),
+        mode=int(raw["mode"]) & 0o7777,
         mtime=float(raw["mtime"]),
-        symlink_target=raw.get("symlink_target"),
+        symlink_target=None if target is None else _text(target),
     )
 
 
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _paths(result: dict[str, Any]) -> list[str]:
+    paths = result["paths"]
+    if not isinstance(paths, list):
+        raise TypeError("paths is not a list")
+    return [_text(p) for p in paths]
+
+
+def _nothing(result: dict[str, Any]) -> None:
+    del result
+
+
+class ExecGate:
+    """At most ``limit`` commands of one workspace run at once; up to ``queue`` more wait; past that, 429.
+
+    Every command costs the sandbox a thread in the agent and processes of its own (under gVisor the pids limit
+    counts the sandbox kernel's threads too), so 200 at once could take a workspace down; queued ones cost nothing
+    inside it.
+    """
+
+    def __init__(self, limit: int, queue: int) -> None:
+        self.limit = limit
+        self.queue = queue
+        self._slots = asyncio.Semaphore(limit)
+        self._waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self, workspace_id: str) -> AsyncIterator[None]:
+        """Hold one of the workspace's command slots for the duration of the block."""
+        if self._slots.locked() and self._waiting >= self.queue:
+            raise TooManyRequestsError(
+                f"workspace {workspace_id} already runs {self.limit} commands and has {self._waiting} waiting "
+                f"(the most it queues is {self.queue}); retry when some have finished",
+                details={"id": workspace_id, "running": self.limit, "queued": self._waiting},
+            )
+        self._waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+
 class AgentBackedProvider:
-    """Mixin: the exec and file half of :class:`~corral.providers.base.WorkspaceProvider` over the guest agent."""
+    """Mixin: the exec and file half of :class:`~corral.providers.base.WorkspaceProvider` over the guest agent.
+
+    It also reports :class:`~corral.providers.base.WorkspaceEvent` to subscribers (``broken`` when an agent breaks
+    the protocol; providers add ``died`` from their runtime's events).
+    """
 
     name: str
     output_limit: int = 16 * 1024 * 1024
+    max_concurrent_execs: int = 16
+    """Commands one workspace runs at once (CORRAL_MAX_CONCURRENT_EXECS)."""
+    max_queued_execs: int = 256
+    """Commands one workspace keeps waiting beyond those; more answer 429 (CORRAL_MAX_QUEUED_EXECS)."""
+    agent_answer_timeout_s: float = ANSWER_TIMEOUT_S
+    """How long any answer of the agent may take (walks of the whole tree: WALK_TIMEOUT_S) before the connection is
+    given up as stuck and the next call starts a fresh agent."""
 
     # --- what the provider supplies -------------------------------------------------------------------------------
 
@@ -76,14 +175,82 @@ class AgentBackedProvider:
         del workspace_id
         return dict(request.env)
 
+    # --- events -----------------------------------------------------------------------------------------------------
+
+    def subscribe(self, listener: Callable[[WorkspaceEvent], None]) -> None:
+        """Call ``listener`` for every :class:`WorkspaceEvent` this provider sees (see :class:`EventSource`)."""
+        self.__dict__.setdefault("_listeners", []).append(listener)
+
+    def _emit(self, event: WorkspaceEvent) -> None:
+        for listener in self.__dict__.get("_listeners", []):
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not break the provider
+                log.exception("workspace event listener failed on %s", event)
+
+    def _violation_reporter(self, workspace_id: str) -> Callable[[str], None]:
+        """What a :class:`GuestConnection` calls when its agent breaks the protocol: report ``broken``, unless the
+        sandbox is dying (a runtime that dies can write its own error text into the stream; that is a death, which
+        the runtime's events report)."""
+
+        generation = self._generation(workspace_id)
+
+        def report(reason: str) -> None:
+            task = asyncio.get_running_loop().create_task(self._report_violation(workspace_id, reason, generation))
+            tasks: set[asyncio.Task[None]] = self.__dict__.setdefault("_violation_tasks", set())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        return report
+
+    async def _report_violation(self, workspace_id: str, reason: str, generation: int) -> None:
+        running = await self._still_running_after(workspace_id, VIOLATION_GRACE_S)
+        if running and self._generation(workspace_id) == generation:  # not a sandbox restarted meanwhile
+            self._emit(WorkspaceEvent(workspace_id, "broken", reason))
+
+    def _generation(self, workspace_id: str) -> int:
+        """Which incarnation of the workspace's sandbox runs now (providers that restart sandboxes count them)."""
+        del workspace_id
+        return 0
+
+    async def _still_running_after(self, workspace_id: str, grace_s: float) -> bool:
+        """True when the workspace still runs ``grace_s`` seconds from now (checked every 0.1 s)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            try:
+                await self._require_running(workspace_id)
+            except CorralError:
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            await asyncio.sleep(0.1)
+
+    def _gate(self, workspace_id: str) -> ExecGate:
+        gates: dict[str, ExecGate] = self.__dict__.setdefault("_exec_gates", {})
+        gate = gates.get(workspace_id)
+        if gate is None:
+            gate = gates[workspace_id] = ExecGate(self.max_concurrent_execs, self.max_queued_execs)
+        return gate
+
+    def _forget_gate(self, workspace_id: str) -> None:
+        self.__dict__.get("_exec_gates", {}).pop(workspace_id, None)
+
     # --- plumbing ---------------------------------------------------------------------------------------------------
 
-    async def _lost(self, workspace_id: str) -> ProviderUnavailableError:
+    async def _lost(self, workspace_id: str, exc: GuestConnectionLost | None = None) -> CorralError:
         """After a lost connection: raise the workspace's real state if it is not running, else the error to raise.
 
-        The runtime may report a dying sandbox as running for a moment after its agent stream broke, so the state is
+        An agent that broke the protocol makes the workspace broken (the connection already reported it). Otherwise
+        the runtime may report a dying sandbox as running for a moment after its agent stream broke, so the state is
         polled briefly before the loss is blamed on the agent alone.
         """
+        if isinstance(exc, GuestProtocolError):
+            if not await self._still_running_after(workspace_id, VIOLATION_GRACE_S):
+                await self._require_running(workspace_id)  # raises the state it died into
+            return WorkspaceBrokenError(
+                f"workspace {workspace_id} is broken: {exc}; resume it to restart it",
+                details={"id": workspace_id},
+            )
         deadline = time.monotonic() + LOST_STATE_GRACE_S
         while True:
             await self._require_running(workspace_id)
@@ -91,16 +258,34 @@ class AgentBackedProvider:
                 return ProviderUnavailableError(self.name, LOST)
             await asyncio.sleep(0.1)
 
-    async def _with_agent(self, workspace_id: str, op: str, **args: Any) -> dict[str, Any]:
-        """One request to the agent; a lost connection becomes the workspace's real state, or one retry."""
+    async def _with_agent(
+        self,
+        workspace_id: str,
+        op: str,
+        parse: Callable[[dict[str, Any]], _T],
+        *,
+        beneath: str | None = None,
+        timeout: float | None = None,
+        **args: Any,
+    ) -> _T:
+        """One request to the agent, its answer checked by ``parse``; a lost connection becomes the workspace's real
+        state, or one retry; an answer ``parse`` rejects (it comes from inside the workspace) breaks the workspace."""
         for attempt in (1, 2):
             conn = await self._agent(workspace_id)
             try:
-                return await conn.call(op, **args)
-            except GuestConnectionLost:
-                error = await self._lost(workspace_id)
-                if attempt == 2:
+                result = await conn.call(op, timeout=timeout, **args, **self._beneath(conn, beneath))
+            except GuestConnectionLost as exc:
+                error = await self._lost(workspace_id, exc)
+                if attempt == 2 or isinstance(error, WorkspaceBrokenError):
                     raise error from None
+                continue
+            try:
+                return parse(result)
+            except (KeyError, TypeError, ValueError) as exc:
+                reason = f"the agent in workspace {workspace_id} answered {op!r} with a malformed result ({exc})"
+                self._violation_reporter(workspace_id)(reason)
+                await conn.aclose()
+                raise await self._lost(workspace_id, GuestProtocolError(reason)) from None
         raise AssertionError("unreachable")
 
     # --- exec -------------------------------------------------------------------------------------------------------
@@ -112,8 +297,17 @@ class AgentBackedProvider:
         )
 
     async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
-        """Yield output as the agent forwards it; the agent kills the process group at the deadline."""
+        """Yield output as the agent forwards it; the agent kills the process group at the deadline.
+
+        At most :attr:`max_concurrent_execs` commands run per workspace; others wait their turn (up to
+        :attr:`max_queued_execs`, then :class:`TooManyRequestsError`).
+        """
         request.validate()
+        async with self._gate(workspace_id).slot(workspace_id):
+            async for event in self._exec_stream(workspace_id, request):
+                yield event
+
+    async def _exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
         conn = await self._agent(workspace_id)
         frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
             request.argv(), cwd=request.cwd, env=self._exec_env(workspace_id, request), timeout_s=request.timeout_s
@@ -131,78 +325,143 @@ class AgentBackedProvider:
                         f"command did not finish within {request.timeout_s:g} s and the workspace did not confirm "
                         "the kill"
                     ) from None
-                except GuestConnectionLost:
-                    raise await self._lost(workspace_id) from None
+                except GuestConnectionLost as exc:
+                    raise await self._lost(workspace_id, exc) from None
                 if header.get("ev") == "out":
                     yield ExecOutput("stdout" if header.get("fd") == 1 else "stderr", payload)
                 elif header.get("ev") == "exit":
                     if header.get("timed_out"):
                         raise ExecTimeoutError(
                             f"command did not finish within {request.timeout_s:g} s; it was killed",
-                            duration_ms=float(header.get("duration_ms", 0.0)),
+                            duration_ms=_duration(header),
                         )
-                    yield ExecExit(int(header["code"]), float(header.get("duration_ms", 0.0)))
+                    try:
+                        status = _exit_status(header)
+                    except GuestProtocolError as exc:
+                        reason = f"the agent in workspace {workspace_id} sent {exc}"
+                        self._violation_reporter(workspace_id)(reason)
+                        await conn.aclose()
+                        raise await self._lost(workspace_id, GuestProtocolError(reason)) from None
+                    yield ExecExit(*status)
         finally:
             await frames.aclose()
 
     # --- files ------------------------------------------------------------------------------------------------------
+    #
+    # With ``beneath`` the agent resolves every path one component at a time from a descriptor of that directory and
+    # never lets the kernel follow a symlink (see :class:`corral.guest.agent.Beneath`), so confinement holds even
+    # while a process in the workspace swaps directories for symlinks.
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    def _beneath(self, conn: GuestConnection, beneath: str | None) -> dict[str, str]:
+        """The request field that confines a file operation, once the agent is known to honour it."""
+        if beneath is None:
+            return {}
+        if "beneath" not in conn.features:
+            # An agent that predates it would ignore the field and use the path unconfined.
+            raise ProviderUnavailableError(
+                self.name, "the workspace agent is too old to confine file paths; stop and resume the workspace"
+            )
+        return {"beneath": check_path(beneath, field_name="beneath")}
+
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
         """Open for streaming; missing files raise WorkspaceFileNotFoundError before the first chunk."""
         path = check_path(path)
         conn = await self._agent(workspace_id)
         try:
-            return await conn.open_read(path)
-        except GuestConnectionLost:
-            raise await self._lost(workspace_id) from None
+            return await conn.open_read(path, **self._beneath(conn, beneath))
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
 
     async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
     ) -> int:
         """Stream into the file, creating parents."""
         path = check_path(path)
         conn = await self._agent(workspace_id)
         try:
-            return await conn.write(path, data, mode=mode)
-        except GuestConnectionLost:
-            raise await self._lost(workspace_id) from None
+            return await conn.write(path, data, mode=mode, **self._beneath(conn, beneath))
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
 
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
         """Directory entries, sorted by name."""
-        result = await self._with_agent(workspace_id, "list", path=check_path(path))
-        return [file_info_from_json(e) for e in result["entries"]]
-
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
-        """Remove a file or directory."""
-        await self._with_agent(workspace_id, "delete", path=check_path(path), recursive=recursive)
-
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
-        """Rename, creating the destination's parents."""
-        await self._with_agent(
-            workspace_id, "move", src=check_path(src, field_name="src"), dst=check_path(dst, field_name="dst")
+        return await self._with_agent(
+            workspace_id,
+            "list",
+            lambda result: [file_info_from_json(e) for e in result["entries"]],
+            path=check_path(path),
+            beneath=beneath,
         )
 
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
-        """Set permission bits."""
-        await self._with_agent(workspace_id, "chmod", path=check_path(path), mode=mode)
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
+        """Remove a file or directory."""
+        await self._with_agent(
+            workspace_id, "delete", _nothing, path=check_path(path), recursive=recursive, beneath=beneath
+        )
 
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
+        """Rename, creating the destination's parents."""
+        await self._with_agent(
+            workspace_id,
+            "move",
+            _nothing,
+            src=check_path(src, field_name="src"),
+            dst=check_path(dst, field_name="dst"),
+            beneath=beneath,
+        )
+
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
+        """Set permission bits."""
+        await self._with_agent(workspace_id, "chmod", _nothing, path=check_path(path), mode=mode, beneath=beneath)
+
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
         """lstat of one path."""
-        return file_info_from_json(await self._with_agent(workspace_id, "stat", path=check_path(path)))
+        return await self._with_agent(workspace_id, "stat", file_info_from_json, path=check_path(path), beneath=beneath)
 
     async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
     ) -> list[str]:
-        """Matching absolute paths, sorted."""
+        """Matching absolute paths, sorted; with ``beneath``, symlinks are matched but never walked into."""
         if not pattern or "\x00" in pattern:
             raise InvalidRequestError("pattern: must be a non-empty glob pattern", details={"field": "pattern"})
-        result = await self._with_agent(workspace_id, "glob", pattern=pattern, root=check_path(root), limit=limit)
-        return list(result["paths"])
+        return await self._with_agent(
+            workspace_id,
+            "glob",
+            _paths,
+            pattern=pattern,
+            root=check_path(root),
+            limit=limit,
+            beneath=beneath,
+            timeout=WALK_TIMEOUT_S,
+        )
 
-    async def realpath(self, workspace_id: str, path: str) -> str:
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
         """Symlinks resolved inside the workspace."""
-        return str((await self._with_agent(workspace_id, "realpath", path=check_path(path)))["path"])
+        return await self._with_agent(
+            workspace_id, "realpath", lambda result: _text(result["path"]), path=check_path(path), beneath=beneath
+        )
 
     async def disk_usage(self, workspace_id: str) -> int:
-        """Bytes used under /workspace."""
-        return int((await self._with_agent(workspace_id, "usage", path=WORKSPACE_ROOT))["bytes"])
+        """Bytes used under /workspace, counted without following a symlink out of it."""
+        return await self._with_agent(
+            workspace_id,
+            "usage",
+            lambda result: int(result["bytes"]),
+            path=WORKSPACE_ROOT,
+            beneath=WORKSPACE_ROOT,
+            timeout=WALK_TIMEOUT_S,
+        )

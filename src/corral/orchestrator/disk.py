@@ -6,6 +6,7 @@ Every ``interval_s`` the watcher asks each ready workspace's provider how much `
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from corral.errors import CorralError
@@ -16,6 +17,7 @@ from corral.providers.base import DiskUsageReporter, ResourceLimits, format_size
 __all__ = ["DiskWatcher"]
 
 log = logging.getLogger(__name__)
+CHECK_TIMEOUT_S = 30.0
 
 
 class DiskWatcher:
@@ -35,9 +37,13 @@ class DiskWatcher:
             if not isinstance(provider, DiskUsageReporter) or record.pool_key is not None:
                 continue
             try:
-                used = await provider.disk_usage(record.id)
-            except CorralError as exc:
+                # Bounded: a stuck workspace (its agent stopped) must not hold up the checks of the others.
+                used = await asyncio.wait_for(provider.disk_usage(record.id), CHECK_TIMEOUT_S)
+            except (CorralError, TimeoutError) as exc:
                 log.debug("disk check of %s skipped: %s", record.id, exc)
+                continue
+            except Exception:  # what a workspace answers is not trusted; one bad answer must not end the sweep
+                log.exception("disk check of %s failed", record.id)
                 continue
             limit = ResourceLimits.parse(record.resource_limits).disk_bytes
             if used < self.warn_ratio * limit:

@@ -2,7 +2,9 @@
 
 Create writes a ``creating`` record before touching any runtime, so a server killed mid-create leaves a record
 that reconciliation can match with whatever the runtime holds. Auto selection walks the fallback chain and
-records every attempt; an explicit provider is tried alone.
+records every attempt; an explicit provider is tried alone. Falling back is for provider failures only: bad input
+(a malformed image reference, limits no host here could ever give, a provider the operator has not allowed) is
+refused before any provider is tried.
 
 The exec and file hot paths never touch the database: the service keeps each live workspace's provider and status
 in memory (it is the only writer of records) and loads a record only on a cache miss.
@@ -13,34 +15,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from corral.errors import (
     AllProvidersFailedError,
     CorralError,
     InvalidRequestError,
+    ProviderNotAllowedError,
     ProviderNotFoundError,
     ProviderUnavailableError,
+    ResourceLimitError,
     SandboxDestroyedError,
     SandboxNotFoundError,
+    WorkspaceBrokenError,
     WorkspaceStateError,
 )
+from corral.images.reference import check_image_reference
 from corral.orchestrator.health import HealthMonitor
-from corral.orchestrator.paths import confine
+from corral.orchestrator.paths import lexically_confined
 from corral.orchestrator.pool import Claim, WarmPools
 from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.providers.base import (
     WORKSPACE_ROOT,
+    Capabilities,
+    EventSource,
     ExecRequest,
     ExecResult,
     FileInfo,
     ResourceLimits,
     SandboxState,
+    WorkspaceEvent,
     WorkspaceProvider,
     WorkspaceSpec,
 )
@@ -48,7 +60,7 @@ from corral.providers.registry import PROVIDER_NAMES
 from corral.settings import Settings
 from corral.store import ProviderAttempt, Store, WorkspaceRecord
 
-__all__ = ["CreateWorkspace", "WorkspaceService"]
+__all__ = ["CreateWorkspace", "ProviderProfile", "WorkspaceService", "host_resources"]
 
 NO_AUTO_PROVIDER = "no provider that auto selection may use is configured (fake is never auto-selected)"
 
@@ -69,6 +81,64 @@ class CreateWorkspace:
     """Providers auto selection must not use (a session's retry excludes the provider that just failed)."""
 
 
+@dataclass(frozen=True, slots=True)
+class ProviderProfile:
+    """What the service keeps of a provider's capabilities: its isolation and the most its host has."""
+
+    isolation: str
+    """``microvm``, ``gvisor``, ``container`` (plain runc), ``remote`` (E2B, HTTP) or ``none`` (the fake)."""
+    cpu_count: float | None
+    """CPUs of the host the provider runs workspaces on; None when unknown (a remote service)."""
+    memory_bytes: int | None
+    """Memory of that host; None when unknown."""
+
+    @classmethod
+    def of(cls, caps: Capabilities) -> ProviderProfile:
+        """Read the host's numbers from ``caps.resources``; a local runtime that reports none gets this host's."""
+        cpus = _positive(caps.resources.get("cpu_count"))
+        memory = _positive(caps.resources.get("memory_bytes", caps.resources.get("memory_total_bytes")))
+        if caps.isolation != "remote":  # the runtime runs on this host even when it cannot say so right now
+            host_cpus, host_memory = host_resources()
+            cpus = cpus if cpus is not None else host_cpus
+            memory = memory if memory is not None else host_memory
+        return cls(caps.isolation, cpus, None if memory is None else int(memory))
+
+    def shortfalls(self, limits: ResourceLimits) -> list[str]:
+        """What ``limits`` asks for beyond this host's CPUs and memory, one sentence each (empty: it fits)."""
+        problems = []
+        if self.cpu_count is not None and limits.cpu > self.cpu_count:
+            problems.append(f"resource_limits.cpu: {limits.cpu:g} CPUs requested, but the host has {self.cpu_count:g}")
+        if self.memory_bytes is not None and limits.memory_bytes > self.memory_bytes:
+            problems.append(
+                f"resource_limits.memory: {_gib(limits.memory_bytes)} requested, "
+                f"but the host has {_gib(self.memory_bytes)}"
+            )
+        return problems
+
+
+def _positive(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        return None
+    return float(value)
+
+
+def _gib(size: int) -> str:
+    return f"{size / 1024**3:.4g} GiB"
+
+
+@functools.cache
+def host_resources() -> tuple[float | None, int | None]:
+    """This host's CPU count and total memory in bytes, read once from the OS and /proc (None where unknown)."""
+    memory = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = int(line.split()[1]) * 1024  # the kernel reports kB
+                break
+    cpus = os.cpu_count()
+    return (float(cpus) if cpus else None), memory
+
+
 class WorkspaceService:
     """Creates, finds and operates workspaces across providers."""
 
@@ -85,7 +155,12 @@ class WorkspaceService:
         self.health = health
         self._live: dict[str, tuple[str, str]] = {}  # id -> (provider, status), for the hot paths
         self._last_used: dict[str, float] = {}  # id -> time.time() of the last exec or file call
+        self._profiles: dict[str, ProviderProfile] = {}  # provider -> its capabilities, fetched once
         self.pools: WarmPools | None = None
+        self._event_tasks: set[asyncio.Task[None]] = set()
+        for provider in self.providers.values():
+            if isinstance(provider, EventSource):
+                provider.subscribe(self._on_event)
 
     # --- defaults and selection -----------------------------------------------------------------------------------
 
@@ -109,13 +184,25 @@ class WorkspaceService:
         )
 
     def plan(self, requested: str, container_type: str) -> tuple[list[str], list[tuple[str, str]]]:
-        """The providers to try in order, and those skipped up front with their reason."""
+        """The providers to try in order, and those skipped up front with their reason.
+
+        Raises:
+            ProviderNotFoundError: an unknown provider name.
+            ProviderNotAllowedError: plain ``docker`` named while CORRAL_ALLOW_DOCKER_FALLBACK is false.
+            ProviderUnavailableError: a known provider this server is not configured with.
+        """
         if requested != "auto":
             if requested not in PROVIDER_NAMES and requested not in self.providers:
                 allowed = ["auto", *sorted(set(PROVIDER_NAMES) | set(self.providers))]
                 raise ProviderNotFoundError(
                     f"unknown provider {requested!r}; allowed: {', '.join(allowed)}",
                     details={"provider": requested, "allowed": allowed},
+                )
+            if requested == "docker" and not self.settings.allow_docker_fallback:
+                raise ProviderNotAllowedError(
+                    "provider 'docker' (plain runc: it shares the host kernel) is not allowed on this server; use "
+                    "'auto' or 'gvisor', or ask the operator to set CORRAL_ALLOW_DOCKER_FALLBACK=true",
+                    details={"provider": "docker", "setting": "CORRAL_ALLOW_DOCKER_FALLBACK"},
                 )
             if requested not in self.providers:
                 raise ProviderUnavailableError(
@@ -131,18 +218,84 @@ class WorkspaceService:
             skipped.append((name, f"unhealthy: {reason}"))
         return try_order, skipped
 
+    # --- what providers offer --------------------------------------------------------------------------------------
+
+    async def profile(self, name: str) -> ProviderProfile | None:
+        """The provider's isolation and host size from its capabilities, fetched once; None while they fail."""
+        cached = self._profiles.get(name)
+        if cached is not None or name not in self.providers:
+            return cached
+        try:
+            caps = await self.providers[name].capabilities()
+        except Exception as exc:  # a broken capabilities call must not break creation; it is retried next time
+            log.warning("provider %s: capabilities failed (%s: %s)", name, type(exc).__name__, exc)
+            return None
+        profile = self._profiles[name] = ProviderProfile.of(caps)
+        return profile
+
+    async def probe_providers(self) -> None:
+        """Fetch every provider's profile (at start), so answers can name their isolation without a call."""
+        await asyncio.gather(*(self.profile(name) for name in self.providers))
+
+    def isolation_of(self, provider: str | None) -> str | None:
+        """The isolation of a provider's workspaces (``microvm``, ``gvisor``, ``container``...), None if unknown."""
+        profile = self._profiles.get(provider or "")
+        return None if profile is None else profile.isolation
+
+    async def workspace_isolation(self, workspace_id: str | None) -> str | None:
+        """The isolation of a workspace (destroyed ones too), None without a workspace or a known provider."""
+        if workspace_id is None:
+            return None
+        live = self._live.get(workspace_id)
+        if live is not None:
+            return self.isolation_of(live[0])
+        record = await self.store.workspaces.get(workspace_id)
+        return None if record is None else self.isolation_of(record.provider)
+
+    async def _fit_limits(
+        self, request: CreateWorkspace, try_order: list[str], skipped: list[tuple[str, str]]
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Leave out providers whose host can never give the requested limits; refuse when no candidate could.
+
+        Every provider the plan named counts, unhealthy ones included: a request too big for all of them is bad
+        input (422), whatever their health. A provider whose size is unknown (a remote service) may still fit.
+
+        Raises:
+            ResourceLimitError: more CPUs or memory than the host of any candidate provider has.
+        """
+        candidates = list(dict.fromkeys([*try_order, *(name for name, _ in skipped)]))
+        shortfalls = {}
+        for name in candidates:
+            profile = await self.profile(name)
+            shortfalls[name] = [] if profile is None else profile.shortfalls(request.limits)
+        if candidates and all(shortfalls.values()):
+            problems = list(dict.fromkeys(p for name in candidates for p in shortfalls[name]))
+            raise ResourceLimitError(
+                "; ".join(problems) + "; no provider of this server can ever give that much",
+                details={"field": "resource_limits", "problems": problems},
+            )
+        refused = [(name, "; ".join(shortfalls[name])) for name in try_order if shortfalls[name]]
+        return [name for name in try_order if not shortfalls[name]], [*skipped, *refused]
+
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
     async def create(self, request: CreateWorkspace) -> WorkspaceRecord:
         """Create a workspace, falling back along the chain for ``auto``.
 
+        Only provider failures fall back (a runtime missing or down, a transient capacity limit such as
+        Firecracker's most VMs); bad input is refused before any provider is tried.
+
         Raises:
+            InvalidRequestError: bad input (network, container type, image reference), or a provider found it bad.
             ProviderNotFoundError: an unknown provider name.
+            ProviderNotAllowedError: plain ``docker`` named while CORRAL_ALLOW_DOCKER_FALLBACK is false.
+            ResourceLimitError: limits that no candidate provider's host can ever give.
             ProviderUnavailableError: the explicit provider failed (no fallback), with its reason.
             AllProvidersFailedError: auto selection exhausted the chain; lists every provider and reason.
         """
         self._validate(request)
         try_order, skipped = self.plan(request.provider, request.container_type)
+        try_order, skipped = await self._fit_limits(request, try_order, skipped)
         if request.provider == "auto" and request.exclude:
             skipped += [(p, "excluded: it failed this request before") for p in try_order if p in request.exclude]
             try_order = [p for p in try_order if p not in request.exclude]
@@ -216,6 +369,8 @@ class WorkspaceService:
 
     @staticmethod
     def _validate(request: CreateWorkspace) -> None:
+        if request.base_image is not None:
+            check_image_reference(request.base_image, field_name="base_image")
         if request.network not in ("isolated", "default"):
             raise InvalidRequestError(
                 f"network: {request.network!r} is not allowed; use 'isolated' or 'default'",
@@ -312,13 +467,66 @@ class WorkspaceService:
         return await self.store.workspaces.update(workspace_id, status="stopped")
 
     async def resume(self, workspace_id: str) -> WorkspaceRecord:
-        """Resume a stopped workspace (a ready one is returned as it is)."""
+        """Resume a stopped workspace (a ready one is returned as it is).
+
+        A workspace in ``error`` whose runtime objects still exist (its agent broke the protocol) is restarted:
+        stopped, then resumed with a fresh agent; whatever drove the old one ends with its container.
+        """
+        record = await self.get(workspace_id)
+        if record.status == "error" and record.provider in self.providers and record.pool_key is None:
+            return await self._restart_broken(record)
         provider, record = await self._operable(workspace_id, allow_stopped=True)
         if record.status == "ready":
             return record
         await provider.resume(workspace_id)
         self._live[workspace_id] = (record.provider or "", "ready")
         return await self.store.workspaces.update(workspace_id, status="ready")
+
+    async def _restart_broken(self, record: WorkspaceRecord) -> WorkspaceRecord:
+        provider = self.providers[record.provider or ""]
+        if await provider.state(record.id) is SandboxState.MISSING:
+            raise WorkspaceStateError(
+                f"workspace {record.id} is error ({record.error or 'unknown reason'}) and has nothing left to resume",
+                details={"id": record.id, "status": record.status},
+            )
+        log.warning("workspace %s: restarting it after an error (%s)", record.id, record.error)
+        await provider.stop(record.id)
+        await provider.resume(record.id)
+        self._live[record.id] = (record.provider or "", "ready")
+        return await self.store.workspaces.update(record.id, status="ready", error=None)
+
+    # --- events from the runtime ------------------------------------------------------------------------------------
+
+    def _on_event(self, event: WorkspaceEvent) -> None:
+        """A provider saw a workspace die or break on its own: the record follows at once, for every API."""
+        live = self._live.get(event.workspace_id)
+        if live is not None and live[1] == "ready":
+            self._live[event.workspace_id] = (live[0], "stopped" if event.kind == "died" else "error")
+        task = asyncio.create_task(self._record_event(event), name=f"workspace-event-{event.workspace_id}")
+        self._event_tasks.add(task)
+        task.add_done_callback(self._event_tasks.discard)
+
+    async def _record_event(self, event: WorkspaceEvent) -> None:
+        try:
+            record = await self.store.workspaces.get(event.workspace_id)
+            if record is None or record.status != "ready" or record.pool_key is not None:
+                return  # not a workspace in use (pools check their own), or already marked
+            if event.kind == "died":
+                log.warning("workspace %s stopped on its own: %s", event.workspace_id, event.reason)
+                await self.store.workspaces.add_warnings(  # first, so whoever sees "stopped" sees why
+                    event.workspace_id, f"stopped on its own: {event.reason}; resume brings it back"
+                )
+                await self.store.workspaces.update(event.workspace_id, status="stopped")
+            else:
+                log.warning("workspace %s is broken: %s", event.workspace_id, event.reason)
+                await self.store.workspaces.update(event.workspace_id, status="error", error=event.reason)
+        except CorralError as exc:
+            log.warning("could not record %s for workspace %s: %s", event.kind, event.workspace_id, exc.message)
+
+    async def settle(self) -> None:
+        """Wait until every runtime event received so far is recorded (tests and shutdown use this)."""
+        while self._event_tasks:
+            await asyncio.gather(*list(self._event_tasks), return_exceptions=True)
 
     # --- operations -----------------------------------------------------------------------------------------------
 
@@ -366,39 +574,47 @@ class WorkspaceService:
                 self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "stopped")
                 await self.store.workspaces.update(workspace_id, status="stopped")
             raise
+        except WorkspaceBrokenError as exc:
+            # The answer leaves after the record says so (the provider's event may still be on its way).
+            await self._record_event(WorkspaceEvent(workspace_id, "broken", exc.message))
+            self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "error")
+            raise
 
     async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
         """Open a file inside /workspace for streaming."""
         provider = await self.provider_of(workspace_id)
-        return await provider.read_file(workspace_id, await confine(provider, workspace_id, path))
+        absolute = lexically_confined(path)
+        return await provider.read_file(workspace_id, absolute, beneath=WORKSPACE_ROOT)
 
     async def write_file(
         self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
     ) -> tuple[str, int]:
         """Write a file inside /workspace; returns the absolute path and bytes written."""
         provider = await self.provider_of(workspace_id)
-        absolute = await confine(provider, workspace_id, path)
+        absolute = lexically_confined(path)
         if absolute == WORKSPACE_ROOT:
             raise InvalidRequestError("path: /workspace is a directory, not a file", details={"field": "path"})
-        return absolute, await provider.write_file(workspace_id, absolute, data, mode=mode)
+        return absolute, await provider.write_file(workspace_id, absolute, data, mode=mode, beneath=WORKSPACE_ROOT)
 
     async def delete(self, workspace_id: str, path: str, *, recursive: bool) -> None:
         """Delete a file or directory inside /workspace (not /workspace itself)."""
         provider = await self.provider_of(workspace_id)
-        absolute = await confine(provider, workspace_id, path)
+        absolute = lexically_confined(path)
         if absolute == WORKSPACE_ROOT:
             raise InvalidRequestError("path: refusing to delete /workspace itself", details={"field": "path"})
-        await provider.delete(workspace_id, absolute, recursive=recursive)
+        await provider.delete(workspace_id, absolute, recursive=recursive, beneath=WORKSPACE_ROOT)
 
     async def stat(self, workspace_id: str, path: str) -> FileInfo:
         """Stat a path inside /workspace."""
         provider = await self.provider_of(workspace_id)
-        return await provider.stat(workspace_id, await confine(provider, workspace_id, path))
+        absolute = lexically_confined(path)
+        return await provider.stat(workspace_id, absolute, beneath=WORKSPACE_ROOT)
 
     async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
         """List a directory inside /workspace."""
         provider = await self.provider_of(workspace_id)
-        return await provider.list_dir(workspace_id, await confine(provider, workspace_id, path))
+        absolute = lexically_confined(path)
+        return await provider.list_dir(workspace_id, absolute, beneath=WORKSPACE_ROOT)
 
     async def glob(self, workspace_id: str, pattern: str, path: str) -> list[str]:
         """Glob under a directory inside /workspace; ``..`` in the pattern is refused."""
@@ -409,16 +625,17 @@ class WorkspaceService:
                 "pattern: must be relative to path and must not contain '..'", details={"field": "pattern"}
             )
         provider = await self.provider_of(workspace_id)
-        return await provider.glob(workspace_id, pattern, root=await confine(provider, workspace_id, path))
+        root = lexically_confined(path)
+        return await provider.glob(workspace_id, pattern, root=root, beneath=WORKSPACE_ROOT)
 
     async def move(self, workspace_id: str, src: str, dst: str) -> None:
         """Rename inside /workspace."""
         provider = await self.provider_of(workspace_id)
-        source = await confine(provider, workspace_id, src, field_name="src")
-        target = await confine(provider, workspace_id, dst, field_name="dst")
+        source = lexically_confined(src, field_name="src")
+        target = lexically_confined(dst, field_name="dst")
         if WORKSPACE_ROOT in (source, target):
             raise InvalidRequestError("src/dst: /workspace itself cannot be moved", details={"field": "src"})
-        await provider.move(workspace_id, source, target)
+        await provider.move(workspace_id, source, target, beneath=WORKSPACE_ROOT)
 
     async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
         """Change permission bits inside /workspace."""
@@ -427,7 +644,8 @@ class WorkspaceService:
                 f"mode: {mode:o} is not a permission mode (0 to 7777 octal)", details={"field": "mode"}
             )
         provider = await self.provider_of(workspace_id)
-        await provider.chmod(workspace_id, await confine(provider, workspace_id, path), mode)
+        absolute = lexically_confined(path)
+        await provider.chmod(workspace_id, absolute, mode, beneath=WORKSPACE_ROOT)
 
     async def runtime_state(self, workspace_id: str) -> SandboxState:
         """What the provider's runtime holds for this workspace."""
@@ -463,6 +681,7 @@ class WorkspaceService:
 
     async def aclose(self) -> None:
         """Close every provider's connections (workspaces keep running)."""
+        await self.settle()
         for provider in self.providers.values():
             with contextlib.suppress(Exception):
                 await provider.aclose()

@@ -24,6 +24,7 @@ __all__ = ["DockerAPIError", "DockerEngine", "ExecStream"]
 
 log = logging.getLogger(__name__)
 API_VERSION = "v1.41"
+STREAM_BUFFER = 256 * 1024
 
 
 class DockerAPIError(Exception):
@@ -36,11 +37,16 @@ class DockerAPIError(Exception):
 
 
 class ExecStream:
-    """A running ``docker exec`` with stdin attached: write to ``writer``, read stdout from ``reader``.
+    """A running ``docker exec`` with stdin attached: write to ``writer``, read its stdout with :meth:`readexactly`.
 
-    Docker multiplexes stdout and stderr on one socket (8-byte headers); a background task splits them, feeding stdout
-    to ``reader`` and handing stderr lines to ``on_stderr``.
+    Docker multiplexes stdout and stderr on one socket (8-byte headers). Reading is pull-based: nothing is read from
+    the socket until the consumer asks for bytes, so a process that writes faster than Corral reads is held back by
+    the socket (backpressure) instead of filling the server's memory. stderr is handed to ``on_stderr`` in pieces
+    as it passes by.
     """
+
+    MAX_FRAME = 1024 * 1024
+    """Docker's own frames are 32 KiB; anything much larger means the stream is not what it claims to be."""
 
     def __init__(
         self,
@@ -48,26 +54,34 @@ class ExecStream:
         writer: asyncio.StreamWriter,
         on_stderr: Callable[[bytes], None],
     ) -> None:
-        self.reader = asyncio.StreamReader(limit=2**24)
         self.writer = writer
-        self._sock_reader = sock_reader
+        self._sock = sock_reader
         self._on_stderr = on_stderr
-        self._task = asyncio.create_task(self._demux(), name="docker-exec-demux")
+        self._buffer = bytearray()
 
-    async def _demux(self) -> None:
-        try:
-            while True:
-                header = await self._sock_reader.readexactly(8)
-                size = struct.unpack(">I", header[4:])[0]
-                data = await self._sock_reader.readexactly(size)
-                if header[0] == 2:
-                    self._on_stderr(data)
-                else:
-                    self.reader.feed_data(data)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
-        finally:
-            self.reader.feed_eof()
+    @property
+    def reader(self) -> ExecStream:
+        """The stream itself reads (kept so callers can treat it like a reader/writer pair)."""
+        return self
+
+    async def readexactly(self, n: int) -> bytes:
+        """The next ``n`` bytes of the process's stdout; ``asyncio.IncompleteReadError`` at its end."""
+        while len(self._buffer) < n:
+            try:
+                header = await self._sock.readexactly(8)
+            except asyncio.IncompleteReadError as exc:
+                raise asyncio.IncompleteReadError(bytes(self._buffer), n) from exc
+            size = struct.unpack(">I", header[4:])[0]
+            if size > self.MAX_FRAME:
+                raise ConnectionError(f"docker sent a {size}-byte stream frame; closing the exec stream")
+            data = await self._sock.readexactly(size)
+            if header[0] == 2:
+                self._on_stderr(data)
+            else:
+                self._buffer += data
+        chunk = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return chunk
 
 
 class DockerEngine:
@@ -147,6 +161,16 @@ class DockerEngine:
             raise
         return True
 
+    async def inspect_image(self, name: str) -> dict[str, Any] | None:
+        """The image's description, or None when it is not present locally (never pulls)."""
+        try:
+            result: dict[str, Any] = await self.request("GET", f"/images/{quote(name, safe='')}/json")
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return result
+
     # --- volumes -------------------------------------------------------------------------------------------------
 
     async def create_volume(self, name: str, labels: dict[str, str]) -> None:
@@ -209,6 +233,26 @@ class DockerEngine:
                 return  # a concurrent destroy got there first
             raise
 
+    async def wait_container(self, ref: str, *, timeout: float) -> int:
+        """Wait until a container exits; returns its exit code."""
+        result = await self.request("POST", f"/containers/{quote(ref, safe='')}/wait", timeout=timeout)
+        return int(result.get("StatusCode", -1))
+
+    async def container_logs(self, ref: str, *, tail: int = 50) -> str:
+        """The last lines a (json-file logged) container wrote to stdout and stderr, demultiplexed."""
+        try:
+            resp = await self._http.get(
+                f"/containers/{quote(ref, safe='')}/logs", params={"stdout": 1, "stderr": 1, "tail": tail}
+            )
+        except httpx.TransportError as exc:
+            raise DockerAPIError(0, f"Docker engine at {self.socket_path} is unreachable: {exc}") from exc
+        raw, out = resp.content, bytearray()
+        while len(raw) >= 8:  # 8-byte stream headers, as in an attached exec
+            size = struct.unpack(">I", raw[4:8])[0]
+            out += raw[8 : 8 + size]
+            raw = raw[8 + size :]
+        return out.decode(errors="replace")
+
     async def list_containers(self, labels: list[str]) -> list[dict[str, Any]]:
         """Containers (running or not) carrying every one of ``labels``."""
         params = {"all": "true", "filters": json.dumps({"label": labels})}
@@ -236,7 +280,14 @@ class DockerEngine:
     # --- exec ----------------------------------------------------------------------------------------------------
 
     async def exec_attached(
-        self, container: str, cmd: list[str], *, on_stderr: Callable[[bytes], None], user: str = ""
+        self,
+        container: str,
+        cmd: list[str],
+        *,
+        on_stderr: Callable[[bytes], None],
+        user: str = "",
+        env: list[str] | None = None,
+        working_dir: str = "",
     ) -> ExecStream:
         """Start ``cmd`` in a running container with stdin, stdout and stderr attached over a hijacked socket."""
         created = await self.request(
@@ -249,10 +300,14 @@ class DockerEngine:
                 "Tty": False,
                 "Cmd": cmd,
                 "User": user,
+                "Env": env or [],
+                "WorkingDir": working_dir,
             },
         )
         exec_id = created["Id"]
-        reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=2**24)
+        # A small buffer limit: asyncio stops reading the socket once this much is waiting, so a process that
+        # writes faster than Corral consumes is held back by the socket instead of by the server's memory.
+        reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=STREAM_BUFFER)
         try:
             body = json.dumps({"Detach": False, "Tty": False}).encode()
             writer.write(

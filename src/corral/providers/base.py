@@ -14,6 +14,11 @@ Behaviour every provider guarantees (checked by :mod:`corral.testing.conformance
   :class:`~corral.errors.ExecTimeoutError` carrying the partial output.
 * File operations take absolute paths inside the sandbox (relative ones are taken from ``/workspace``);
   ``write_file`` creates missing parents; reads and writes stream, so a 10 MB file is never held twice.
+* Given ``beneath`` (a directory, ``/workspace`` for the API and the tools), a file operation cannot reach outside
+  it: a path outside it, a symlink leading out or a ``..`` climbing above it raises
+  :class:`~corral.errors.InvalidRequestError` (naming the path and saying it leads outside), and symlinks inside
+  it are followed. Agent-backed providers guarantee this race-free (a process in the sandbox swapping a directory
+  for a symlink meanwhile changes nothing); remote providers check first and then act, which is best effort.
 * ``health`` is fast and has no side effects.
 """
 
@@ -22,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import enum
 import math
+import posixpath
 import re
 import shlex
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, runtime_checkable
@@ -37,6 +43,7 @@ __all__ = [
     "Capabilities",
     "DeathWatcher",
     "DiskUsageReporter",
+    "EventSource",
     "ExecExit",
     "ExecMode",
     "ExecOutput",
@@ -47,10 +54,14 @@ __all__ = [
     "NetworkMode",
     "ResourceLimits",
     "SandboxState",
+    "WorkspaceEvent",
     "WorkspaceProvider",
     "WorkspaceSpec",
+    "check_beneath",
     "check_path",
     "collect_exec",
+    "escape_error",
+    "lies_beneath",
     "parse_cpu",
     "parse_size",
 ]
@@ -330,6 +341,45 @@ def check_path(path: str, *, field_name: str = "path") -> str:
     return path if path.startswith("/") else f"{WORKSPACE_ROOT}/{path}"
 
 
+def escape_error(path: str, root: str, how: str = "") -> InvalidRequestError:
+    """The error for a path that leads outside ``root`` (``how`` says through what), worded alike by every provider."""
+    return InvalidRequestError(
+        f"{path!r} leads outside {root}{how}; paths must stay inside {root}", details={"path": path, "kind": "escape"}
+    )
+
+
+def lies_beneath(path: str, root: str) -> bool:
+    """True when the absolute, normalised ``path`` is ``root`` or lies under it."""
+    return root in ("/", path) or path.startswith(root.rstrip("/") + "/")
+
+
+async def check_beneath(
+    provider: WorkspaceProvider, workspace_id: str, path: str, beneath: str, *, follow: bool = True
+) -> str:
+    """``beneath`` for providers whose runtime cannot resolve a path beneath a directory (E2B, HTTP): best effort.
+
+    The path must lie under ``beneath`` once normalised, and so must its real path (its parent's, when ``follow`` is
+    false) as the provider's ``realpath`` reports it. The caller acts on the path afterwards, so a process in the
+    sandbox that swaps a directory for a symlink between the check and the operation wins: this is not race-free.
+
+    Returns:
+        The real path that was checked (with ``follow`` false: the real parent joined with the last name).
+
+    Raises:
+        InvalidRequestError: the path, or a symlink on its way, leads outside ``beneath``.
+    """
+    root = "/" + posixpath.normpath(check_path(beneath, field_name="beneath")).lstrip("/")
+    absolute = "/" + posixpath.normpath(check_path(path)).lstrip("/")
+    if not lies_beneath(absolute, root):
+        raise escape_error(path, root)
+    if absolute == root:
+        return root
+    real = await provider.realpath(workspace_id, absolute if follow else posixpath.dirname(absolute))
+    if not lies_beneath(real, root):
+        raise escape_error(path, root, f" (it resolves to {real})")
+    return real if follow else posixpath.join(real, posixpath.basename(absolute))
+
+
 # --- health and capabilities --------------------------------------------------------------------------------------
 
 
@@ -403,39 +453,61 @@ class WorkspaceProvider(Protocol):
         Closing the iterator early kills the command.
         """
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    # Every file method takes ``beneath``: when given (an absolute directory, e.g. WORKSPACE_ROOT), the provider
+    # guarantees the operation cannot reach outside that directory, race-free where the runtime allows: symlinks
+    # inside it are followed, and a path, symlink or ``..`` leading out raises InvalidRequestError. Without it, paths
+    # are used as given.
+
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
         """Open a file and return an iterator over its content in chunks.
 
         Errors about the path (missing, a directory) are raised here, before the first chunk. The caller must
-        consume or ``aclose()`` the iterator.
+        consume or ``aclose()`` the iterator. ``beneath``: see above.
         """
 
     async def write_file(
-        self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
     ) -> int:
         """Write a file, creating missing parent directories; return the number of bytes written."""
 
-    async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
         """The entries of a directory, sorted by name."""
 
-    async def delete(self, workspace_id: str, path: str, *, recursive: bool = False) -> None:
-        """Remove a file, or a directory (non-empty ones only with ``recursive``)."""
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
+        """Remove a file, or a directory (non-empty ones only with ``recursive``); a final symlink is removed."""
 
-    async def move(self, workspace_id: str, src: str, dst: str) -> None:
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
         """Rename ``src`` to ``dst``, creating ``dst``'s parent directories."""
 
-    async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
         """Set permission bits."""
 
-    async def stat(self, workspace_id: str, path: str) -> FileInfo:
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
         """Information about one path, without following a final symlink."""
 
     async def glob(
-        self, workspace_id: str, pattern: str, *, root: str = WORKSPACE_ROOT, limit: int = 10_000
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
     ) -> list[str]:
-        """Absolute paths under ``root`` matching ``pattern`` (``**`` matches any depth), sorted, at most ``limit``."""
+        """Absolute paths under ``root`` matching ``pattern`` (``**`` matches any depth), sorted, at most ``limit``.
 
-    async def realpath(self, workspace_id: str, path: str) -> str:
+        With ``beneath``, ``root`` must lie inside it and symlinks under ``root`` are matched but never walked into.
+        """
+
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
         """The path with every symlink resolved (missing trailing components are kept as they are)."""
 
     async def health(self) -> Health:
@@ -454,6 +526,27 @@ class DiskUsageReporter(Protocol):
 
     async def disk_usage(self, workspace_id: str) -> int:
         """Bytes used under /workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceEvent:
+    """Something a provider saw happen to a workspace on its own, outside any call made on it.
+
+    ``died``: the sandbox exited (OOM, pids limit, killed from outside) while it was meant to run. ``broken``: its
+    agent broke the protocol (something inside drives it); the connection was closed.
+    """
+
+    workspace_id: str
+    kind: Literal["died", "broken"]
+    reason: str
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Optional sub-interface of providers that report :class:`WorkspaceEvent` as they happen."""
+
+    def subscribe(self, listener: Callable[[WorkspaceEvent], None]) -> None:
+        """Call ``listener`` (on the event loop, without awaiting anything) for every event from now on."""
 
 
 @runtime_checkable

@@ -24,7 +24,7 @@ import json
 import logging
 import shutil
 import time
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from corral.errors import (
@@ -38,6 +38,7 @@ from corral.errors import (
 from corral.guest.client import GuestConnection, GuestConnectionLost
 from corral.guest.remote import AgentBackedProvider
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
+from corral.providers.agent_runtime import AGENT_COMMAND, RUNTIME_MOUNT, AgentRuntime, agent_environment
 from corral.providers.base import (
     WORKSPACE_ROOT,
     Capabilities,
@@ -45,6 +46,7 @@ from corral.providers.base import (
     NetworkMode,
     ResourceLimits,
     SandboxState,
+    WorkspaceEvent,
     WorkspaceSpec,
 )
 
@@ -62,6 +64,8 @@ LABEL_OWNER = "corral.owner"
 # SYS_CHROOT, AUDIT_WRITE, SETPCAP, NET_BIND_SERVICE, SETFCAP...) is dropped.
 WORKSPACE_CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 AGENT_START_TIMEOUT_S = 30.0
+DEFAULT_AGENT_IMAGE = "corral/workspace:base"
+DEFAULT_AGENT_RUNTIME_DIR = Path("/var/lib/corral/agent-runtime")
 WARMUP_CONCURRENCY = 2
 
 
@@ -73,20 +77,6 @@ def volume_name(workspace_id: str) -> str:
 def container_name(workspace_id: str) -> str:
     """The Docker container of a running workspace."""
     return f"corral-{workspace_id}"
-
-
-# The agent's source travels over the exec's stdin (length line, then the source), so nothing is written into the
-# workspace, any image with python3 works, and the process list shows one short line. -I ignores the environment
-# and user site; -S skips `site` for a faster start.
-AGENT_BOOT = (
-    "import sys;n=int(sys.stdin.buffer.readline());exec(compile(sys.stdin.buffer.read(n),'corral-agent','exec'))"
-)
-AGENT_COMMAND = ["python3", "-I", "-S", "-c", AGENT_BOOT]
-
-
-def _agent_source() -> bytes:
-    source = resources.files("corral.guest").joinpath("agent.py").read_bytes()
-    return b"%d\n%s" % (len(source), source)
 
 
 class DockerProvider(AgentBackedProvider):
@@ -107,9 +97,12 @@ class DockerProvider(AgentBackedProvider):
         pids_limit: int = 1024,
         output_limit: int = 16 * 1024 * 1024,
         owner: str | None = None,
+        agent_image: str = DEFAULT_AGENT_IMAGE,
+        agent_runtime_dir: Path = DEFAULT_AGENT_RUNTIME_DIR,
     ) -> None:
         self.engine = engine
         self.owner = owner
+        self.agent_runtime = AgentRuntime(engine, image=agent_image, root=agent_runtime_dir, provider=self.name)
         self.pids_limit = pids_limit
         self.output_limit = output_limit
         self._agents: dict[str, GuestConnection] = {}
@@ -118,8 +111,10 @@ class DockerProvider(AgentBackedProvider):
         self._events_task: asyncio.Task[None] | None = None
         self._warmups: dict[str, asyncio.Task[None]] = {}
         self._dead: set[str] = set()  # containers that died since their create/resume, from the event stream
+        self._expected_exits: set[str] = set()  # containers Corral itself is stopping or removing
+        self._containers: dict[str, str] = {}  # workspace id -> the id of the container started for it last
+        self._generations: dict[str, int] = {}  # workspace id -> how many containers this process started for it
         self._warmup_slots = asyncio.Semaphore(WARMUP_CONCURRENCY)
-        self._agent_source = _agent_source()
 
     # --- what differs between runc and runsc -------------------------------------------------------------------
 
@@ -168,17 +163,20 @@ class DockerProvider(AgentBackedProvider):
 
     async def _start_container(self, spec: WorkspaceSpec) -> None:
         self._dead.discard(spec.id)
-        config = self._container_config(spec)
+        self._expected_exits.discard(spec.id)
+        self._ensure_event_watch()
+        config = self._container_config(spec, await self.agent_runtime.ensure())
         name = container_name(spec.id)
         try:
-            await self.engine.create_container(name, config)
+            self._containers[spec.id] = await self.engine.create_container(name, config)
+            self._generations[spec.id] = self._generations.get(spec.id, 0) + 1
             await self.engine.start_container(name)
         except DockerAPIError as exc:
             with contextlib.suppress(Exception):
                 await self.engine.remove_container(name)
             raise self._translate(exc, spec.id, image=spec.image) from exc
 
-    def _container_config(self, spec: WorkspaceSpec) -> dict[str, Any]:
+    def _container_config(self, spec: WorkspaceSpec, agent_runtime: str) -> dict[str, Any]:
         limits = spec.limits
         return {
             "Image": spec.image,
@@ -201,7 +199,11 @@ class DockerProvider(AgentBackedProvider):
                 "NetworkMode": "none" if spec.network == "isolated" else "bridge",
                 "IpcMode": "private",
                 "LogConfig": {"Type": "none"},
-                "Mounts": [{"Type": "volume", "Source": volume_name(spec.id), "Target": WORKSPACE_ROOT}],
+                "Mounts": [
+                    {"Type": "volume", "Source": volume_name(spec.id), "Target": WORKSPACE_ROOT},
+                    # The agent's runtime, read-only: nothing inside can change the agent's code path.
+                    {"Type": "bind", "Source": agent_runtime, "Target": RUNTIME_MOUNT, "ReadOnly": True},
+                ],
                 "RestartPolicy": {"Name": "no"},
             },
         }
@@ -215,9 +217,11 @@ class DockerProvider(AgentBackedProvider):
     async def destroy(self, workspace_id: str) -> None:
         """Remove container and volume. Idempotent."""
         await self._drop_agent(workspace_id)
+        self._forget_gate(workspace_id)
         await self._remove_all(workspace_id)
 
     async def _remove_all(self, workspace_id: str) -> None:
+        self._expected_exits.add(workspace_id)
         await self._call(self.engine.remove_container(container_name(workspace_id)))
         await self._call(self.engine.remove_volume(volume_name(workspace_id)))
 
@@ -226,6 +230,7 @@ class DockerProvider(AgentBackedProvider):
         if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
             raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         await self._drop_agent(workspace_id)
+        self._expected_exits.add(workspace_id)
         await self._call(self.engine.remove_container(container_name(workspace_id)))
 
     async def resume(self, workspace_id: str) -> None:
@@ -237,6 +242,7 @@ class DockerProvider(AgentBackedProvider):
         if info is not None and info["State"].get("Running"):
             return
         if info is not None:  # exited on its own (e.g. killed by the OOM killer): replace it
+            self._expected_exits.add(workspace_id)
             await self._call(self.engine.remove_container(container_name(workspace_id)))
         spec = _spec_from_json(workspace_id, (volume.get("Labels") or {}).get(LABEL_SPEC, "{}"))
         await self.check_runtime()
@@ -279,17 +285,26 @@ class DockerProvider(AgentBackedProvider):
             conn = self._agents.get(workspace_id)
             if conn is not None and not conn.closed:
                 return conn
-            await self._require_running(workspace_id)
+            info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+            if info is None or not info["State"].get("Running"):
+                await self._require_running(workspace_id)  # raises: missing or stopped
             try:
                 stream = await self.engine.exec_attached(
                     container_name(workspace_id),
                     AGENT_COMMAND,
-                    on_stderr=lambda data: log.debug("agent %s: %s", workspace_id, data.decode(errors="replace")),
+                    env=agent_environment(info["Config"].get("Env") or []),
+                    working_dir=RUNTIME_MOUNT,  # nothing of the agent's is read from a directory the workspace owns
+                    on_stderr=_AgentLog(workspace_id),
                 )
             except DockerAPIError as exc:
                 raise self._translate(exc, workspace_id) from exc
-            stream.writer.write(self._agent_source)
-            conn = GuestConnection(stream.reader, stream.writer, label=f"workspace {workspace_id}")
+            conn = GuestConnection(
+                stream.reader,
+                stream.writer,
+                label=f"workspace {workspace_id}",
+                on_violation=self._violation_reporter(workspace_id),
+                answer_timeout_s=self.agent_answer_timeout_s,
+            )
             try:
                 await conn.wait_ready(AGENT_START_TIMEOUT_S)
             except GuestConnectionLost as exc:
@@ -308,19 +323,31 @@ class DockerProvider(AgentBackedProvider):
             self._events_task = asyncio.create_task(self._watch_events(), name=f"{self.name}-docker-events")
 
     async def _watch_events(self) -> None:
-        """Close a workspace's agent stream as soon as its container dies.
+        """Report containers that die on their own, and close their agent streams, as soon as the engine says so.
 
-        dockerd does not always end a hijacked exec stream when the container goes away (runsc keeps it open), so
-        without this a command in a killed or OOM-stopped workspace would wait forever.
+        A sandbox killed by a fork bomb, the OOM killer or ``docker kill`` is a ``died`` event for subscribers (the
+        workspace service marks the record at once, for every API). dockerd does not always end a hijacked exec
+        stream when the container goes away (runsc keeps it open), so without closing it a command in a dead
+        workspace would wait forever. Exits Corral caused itself (stop, destroy) are not reported.
         """
-        filters = {"type": ["container"], "event": ["die", "destroy"], "label": [f"{LABEL_PROVIDER}={self.name}"]}
-        while self._agents:
+        labels = [f"{LABEL_PROVIDER}={self.name}"] + ([f"{LABEL_OWNER}={self.owner}"] if self.owner else [])
+        filters = {"type": ["container"], "event": ["die", "destroy"], "label": labels}
+        while True:
             try:
                 async for event in self.engine.events(filters):
-                    workspace_id = (event.get("Actor", {}).get("Attributes") or {}).get(LABEL_ID)
-                    if workspace_id:
-                        self._dead.add(workspace_id)
-                    conn = self._agents.pop(workspace_id, None) if workspace_id else None
+                    attributes = event.get("Actor", {}).get("Attributes") or {}
+                    workspace_id = attributes.get(LABEL_ID)
+                    if not workspace_id or not self._current(workspace_id, event.get("Actor", {}).get("ID")):
+                        continue  # an older container of the workspace (replaced by a resume) is no news
+                    self._dead.add(workspace_id)
+                    if event.get("Action") == "die" and workspace_id not in self._expected_exits:
+                        code = attributes.get("exitCode", "?")
+                        self._emit(
+                            WorkspaceEvent(
+                                workspace_id, "died", f"its {self.name} sandbox exited on its own (exit code {code})"
+                            )
+                        )
+                    conn = self._agents.pop(workspace_id, None)
                     if conn is not None:
                         log.info(
                             "workspace %s: container %s; closing its agent stream", workspace_id, event.get("Action")
@@ -329,6 +356,15 @@ class DockerProvider(AgentBackedProvider):
             except DockerAPIError as exc:
                 log.warning("%s: docker event stream failed (%s); retrying", self.name, exc)
                 await asyncio.sleep(1.0)
+
+    def _current(self, workspace_id: str, container_id: object) -> bool:
+        """Whether an event's container is the one this process started last for the workspace (unknown: yes)."""
+        known = self._containers.get(workspace_id)
+        return known is None or container_id == known
+
+    def _generation(self, workspace_id: str) -> int:
+        """How many containers this process started for the workspace (see AgentBackedProvider)."""
+        return self._generations.get(workspace_id, 0)
 
     async def _drop_agent(self, workspace_id: str) -> None:
         warmup = self._warmups.pop(workspace_id, None)
@@ -414,13 +450,9 @@ class DockerProvider(AgentBackedProvider):
 
     def _translate(self, exc: DockerAPIError, workspace_id: str | None, image: str | None = None) -> CorralError:
         message = exc.message
-        if image is not None and exc.status == 404 and "no such image" in message.lower():
-            # Container create never pulls (only the CLI's `docker run` does), so a missing image ends here.
-            return InvalidRequestError(
-                f"base_image: image {image!r} is not present on this host; Corral never pulls images. "
-                "Build the default one with `corral image build` (make bootstrap does it).",
-                details={"field": "base_image", "image": image},
-            )
+        bad_image = _image_error(exc, image)
+        if bad_image is not None:
+            return bad_image
         if exc.status == 0:
             return ProviderUnavailableError(self.name, message)
         if "unknown runtime" in message.lower():
@@ -430,6 +462,42 @@ class DockerProvider(AgentBackedProvider):
         if "range of cpus" in message.lower() or ("memory" in message.lower() and exc.status == 400):
             return ResourceLimitError(f"{self.name}: {message}")
         return ProviderUnavailableError(self.name, message)
+
+
+def _image_error(exc: DockerAPIError, image: str | None) -> InvalidRequestError | None:
+    """The engine's answer about the image as bad input (400), never a provider failure worth falling back on."""
+    message = exc.message.lower()
+    if image is not None and exc.status == 404 and "no such image" in message:
+        # Container create never pulls (only the CLI's `docker run` does), so a missing image ends here.
+        return InvalidRequestError(
+            f"base_image: image {image!r} is not present on this host; Corral never pulls images. "
+            "Build the default one with `corral image build` (make bootstrap does it).",
+            details={"field": "base_image", "image": image},
+        )
+    if "invalid reference format" in message:
+        return InvalidRequestError(
+            f"base_image: {image!r} is not a valid image reference ({exc.message}); use "
+            "[registry[:port]/]name[:tag][@digest] with a lowercase name, e.g. 'corral/workspace:base'",
+            details={"field": "base_image", "image": image},
+        )
+    return None
+
+
+class _AgentLog:
+    """Where an agent's stderr goes: the debug log, capped, and not even decoded unless debug logging is on (root in
+    the workspace can write there as much as it likes)."""
+
+    MAX_LOGGED = 64 * 1024
+
+    def __init__(self, workspace_id: str) -> None:
+        self.workspace_id = workspace_id
+        self.logged = 0
+
+    def __call__(self, data: bytes) -> None:
+        if self.logged >= self.MAX_LOGGED or not log.isEnabledFor(logging.DEBUG):
+            return
+        self.logged += len(data)
+        log.debug("agent %s: %s", self.workspace_id, data[:4096].decode(errors="replace"))
 
 
 def _spec_json(spec: WorkspaceSpec) -> str:

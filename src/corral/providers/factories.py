@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from corral.providers._docker_engine import DockerEngine
 from corral.providers.docker import DockerProvider
 from corral.providers.fake import FakeProvider
@@ -10,27 +12,46 @@ from corral.settings import Settings
 
 __all__ = ["docker", "fake", "gvisor"]
 
+_P = TypeVar("_P", bound=DockerProvider)
+
 
 def docker(settings: Settings) -> DockerProvider:
     """Plain Docker (runc): reduced isolation, the last resort."""
-    return DockerProvider(
-        DockerEngine.from_url(settings.docker_host),
-        pids_limit=settings.pids_limit,
-        output_limit=settings.exec_output_limit,
-        owner=settings.owner_id(),
+    return _limited(
+        DockerProvider(
+            DockerEngine.from_url(settings.docker_host),
+            pids_limit=settings.pids_limit,
+            output_limit=settings.exec_output_limit,
+            owner=settings.owner_id(),
+            agent_image=settings.base_image,
+            agent_runtime_dir=settings.agent_runtime_dir,
+        ),
+        settings,
     )
 
 
 def gvisor(settings: Settings) -> GVisorProvider:
     """Docker with gVisor's runsc."""
-    return GVisorProvider(
-        DockerEngine.from_url(settings.docker_host),
-        runtime=settings.gvisor_runtime,
-        net_runtime=settings.gvisor_net_runtime,
-        pids_limit=settings.pids_limit,
-        output_limit=settings.exec_output_limit,
-        owner=settings.owner_id(),
+    return _limited(
+        GVisorProvider(
+            DockerEngine.from_url(settings.docker_host),
+            runtime=settings.gvisor_runtime,
+            net_runtime=settings.gvisor_net_runtime,
+            pids_limit=settings.pids_limit,
+            output_limit=settings.exec_output_limit,
+            owner=settings.owner_id(),
+            agent_image=settings.base_image,
+            agent_runtime_dir=settings.agent_runtime_dir,
+        ),
+        settings,
     )
+
+
+def _limited(provider: _P, settings: Settings) -> _P:
+    """The provider with the per-workspace exec limits from settings."""
+    provider.max_concurrent_execs = settings.max_concurrent_execs
+    provider.max_queued_execs = settings.max_queued_execs
+    return provider
 
 
 def fake(settings: Settings) -> FakeProvider:

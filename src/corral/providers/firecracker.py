@@ -246,7 +246,13 @@ class FirecrackerProvider(AgentBackedProvider):
             except VsockConnectError as exc:
                 await self._require_running(workspace_id)
                 raise ProviderUnavailableError(self.name, f"the workspace agent is unreachable: {exc.message}") from exc
-            conn = GuestConnection(reader, writer, label=f"microVM {workspace_id}")
+            conn = GuestConnection(
+                reader,
+                writer,
+                label=f"microVM {workspace_id}",
+                on_violation=self._violation_reporter(workspace_id),
+                answer_timeout_s=self.agent_answer_timeout_s,
+            )
             try:
                 await conn.wait_ready(self.agent_timeout_s)
             except GuestConnectionLost as exc:

@@ -13,11 +13,12 @@ gVisor's ptrace/systrap platform is used; the KVM platform hangs on PVM hosts.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from corral.errors import ProviderUnavailableError
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 from corral.providers.base import NetworkMode, WorkspaceSpec
-from corral.providers.docker import DockerProvider
+from corral.providers.docker import DEFAULT_AGENT_IMAGE, DEFAULT_AGENT_RUNTIME_DIR, DockerProvider
 
 __all__ = ["GVisorProvider"]
 
@@ -40,8 +41,17 @@ class GVisorProvider(DockerProvider):
         pids_limit: int = 1024,
         output_limit: int = 16 * 1024 * 1024,
         owner: str | None = None,
+        agent_image: str = DEFAULT_AGENT_IMAGE,
+        agent_runtime_dir: Path = DEFAULT_AGENT_RUNTIME_DIR,
     ) -> None:
-        super().__init__(engine, pids_limit=pids_limit, output_limit=output_limit, owner=owner)
+        super().__init__(
+            engine,
+            pids_limit=pids_limit,
+            output_limit=output_limit,
+            owner=owner,
+            agent_image=agent_image,
+            agent_runtime_dir=agent_runtime_dir,
+        )
         self.runtime = runtime
         self.net_runtime = net_runtime
         self._runtimes_checked_at = float("-inf")

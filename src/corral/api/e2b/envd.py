@@ -100,7 +100,9 @@ class _EnvdError(Exception):
         self.message = message
 
     def response(self) -> JSONResponse:
-        return JSONResponse({"code": self.status, "message": self.message}, status_code=self.status)
+        # The request's body may be unread (a refused upload): close rather than drain whatever the client sends.
+        headers = {"connection": "close"} if self.status in (400, 401, 403) else None
+        return JSONResponse({"code": self.status, "message": self.message}, status_code=self.status, headers=headers)
 
 
 def _gone(sandbox_id: str) -> _EnvdError:
@@ -533,17 +535,23 @@ _FILESYSTEM_UNARY: dict[str, Unary] = {
 
 
 async def _gunzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Inflate a gzip body in pieces of at most 1 MiB: a small bomb never becomes one large allocation."""
     decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    piece = 1024 * 1024
     async for chunk in chunks:
-        try:
-            data = decompressor.decompress(chunk)
-        except zlib.error as exc:
-            raise InvalidRequestError(f"the gzip body is corrupt: {exc}") from None
-        if data:
-            yield data
-    tail = decompressor.flush()
-    if tail:
+        data = chunk
+        while data:
+            try:
+                out = decompressor.decompress(data, piece)
+            except zlib.error as exc:
+                raise InvalidRequestError(f"the gzip body is corrupt: {exc}") from None
+            if out:
+                yield out
+            data = decompressor.unconsumed_tail
+    while tail := decompressor.flush(piece):
         yield tail
+        if decompressor.eof:
+            break
 
 
 def _written(path: str) -> dict[str, str]:

@@ -1,0 +1,127 @@
+"""The first thing every request meets: authentication from its headers alone, and a cap on its body.
+
+FastAPI reads and parses a JSON body before it runs a route's dependencies, so a token check written as a dependency
+comes after the body is in memory: an anonymous client could make the server hold a gigabyte before being told it
+has no token. :class:`RequestGuard` is plain ASGI middleware in front of everything:
+
+* Corral's own API (``/api/...``) answers 401 from the ``Authorization`` header alone, without reading a byte of the
+  body, and closes the connection (so an unread body is not drained either). The E2B routes authenticate the
+  SDK's way (API key, envd access token, signed URLs) in their own route classes, which also run before any body is
+  read.
+* A body is capped by what the route takes: :attr:`GuardLimits.json` (1 MiB by default) for JSON routes,
+  :attr:`GuardLimits.tools` for agent tool calls (whose ``write`` content may be larger), and no cap for the
+  file-upload routes, which stream to the workspace as they arrive. A declared ``Content-Length`` over the cap is
+  refused before reading; a chunked body is counted as it arrives and cut off with 413 once past the cap.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["BodyTooLargeError", "GuardLimits", "RequestGuard"]
+
+_UPLOADS = (
+    ("PUT", re.compile(r"^/api/v1/agent/workspaces/[^/]+/files$")),
+    ("POST", re.compile(r"^/e2b/envd/files$")),
+    ("POST", re.compile(r"^/files$")),
+)
+_TOOLS = re.compile(r"^/api/v1/agent/sessions/[^/]+/tools/[^/]+$")
+
+
+class BodyTooLargeError(HTTPException):
+    """A request body past the route's cap (413); raised while the body is read."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is larger than this route accepts ({limit} bytes)")
+
+
+@dataclass(frozen=True, slots=True)
+class GuardLimits:
+    """Body caps in bytes."""
+
+    json: int = 1024 * 1024
+    """JSON routes (CORRAL_MAX_REQUEST_BODY)."""
+    tools: int = 11 * 1024 * 1024
+    """Agent tool calls: the write tool takes up to 10 MiB of content, JSON-encoded."""
+
+    def for_route(self, method: str, path: str) -> int | None:
+        """The cap of one route; None for the streaming upload routes."""
+        if any(method == m and pattern.match(path) for m, pattern in _UPLOADS):
+            return None
+        if _TOOLS.match(path):
+            return max(self.tools, self.json)
+        return self.json
+
+
+class RequestGuard:
+    """ASGI middleware: see the module docstring."""
+
+    def __init__(self, app: ASGIApp, *, token: Callable[[], str], limits: GuardLimits) -> None:
+        self.app = app
+        self._token = token
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        if path.startswith("/api/") and not self._authorized(headers.get("authorization", "")):
+            await _reject(
+                send,
+                401,
+                "unauthorized",
+                "missing or wrong bearer token; send 'Authorization: Bearer <CORRAL_API_TOKEN>'",
+                www_authenticate=True,
+            )
+            return
+        limit = self.limits.for_route(scope["method"], path)
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await _reject(send, 413, "payload_too_large", f"the request body is larger than {limit} bytes")
+            return
+        await self.app(scope, _capped(receive, limit), send)
+
+    def _authorized(self, header: str) -> bool:
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token().encode())
+
+
+def _capped(receive: Receive, limit: int) -> Receive:
+    seen = 0
+
+    async def wrapped() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise BodyTooLargeError(limit)
+        return message
+
+    return wrapped
+
+
+async def _reject(send: Send, status: int, code: str, message: str, *, www_authenticate: bool = False) -> None:
+    body = json.dumps({"error": {"code": code, "message": message, "details": {}}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        # The body was not read; closing is cheaper than draining whatever the client still sends.
+        (b"connection", b"close"),
+    ]
+    if www_authenticate:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
