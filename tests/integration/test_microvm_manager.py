@@ -22,14 +22,14 @@ from typing import Any, cast
 
 import pytest
 
-from corral.errors import ProviderUnavailableError, ResourceLimitError, SandboxNotFoundError
+from corral.errors import ProviderUnavailableError, ResourceLimitError, WorkspaceNotFoundError
 from corral.microvm.api_client import FirecrackerClient
 from corral.microvm.manager import CreateVM, FirecrackerManager
 from corral.microvm.rootfs import build_rootfs_sync
-from corral.microvm.testing import Netns, corral_network_objects, fake_vmm_manager
-from corral.providers.base import ExecRequest, ResourceLimits, SandboxState, WorkspaceSpec
+from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceSpec, WorkspaceState
 from corral.providers.firecracker import FirecrackerProvider
 from corral.testing import ProviderConformance, SpecFactory
+from corral.testing.microvm import Netns, corral_network_objects, fake_vmm_manager
 from tests.conftest import BASE_IMAGE
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ async def test_destroy_running_vm_shuts_down_cleanly_and_releases_everything(
     assert not _exists(record.disk_path)
     assert not manager.vm_dir("destroy-me").exists()
     assert not _exists(record.vsock_uds)
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await manager.get("destroy-me")
     assert await manager.destroy("destroy-me") is None
 
@@ -250,7 +250,7 @@ async def test_a_crashed_vmm_is_reported_stopped_and_can_be_resumed(
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while await provider.state(spec.id) is not SandboxState.STOPPED:
+    while await provider.state(spec.id) is not WorkspaceState.STOPPED:
         assert time.monotonic() < deadline, "the dead VMM was not noticed"
         await asyncio.sleep(0.05)
     assert "exited" in str((await manager.get(spec.id)).last_exit)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from corral.microvm.network import HostNetwork, NetworkConfig
-from corral.microvm.testing import Netns, corral_network_objects
+from corral.testing.microvm import Netns, corral_network_objects
 
 pytestmark = pytest.mark.integration
 

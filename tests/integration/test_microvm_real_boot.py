@@ -20,10 +20,10 @@ import pytest
 from corral.microvm.manager import FirecrackerManager, ManagerConfig, readiness_config_from_settings
 from corral.microvm.network import NetworkConfig
 from corral.microvm.readiness import probe
-from corral.microvm.testing import Netns, corral_network_objects
 from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceSpec
 from corral.providers.firecracker import FirecrackerProvider
 from corral.settings import Settings
+from corral.testing.microvm import Netns, corral_network_objects
 
 try:
     _NEEDS_KVM = [pytest.mark.needs_kvm]

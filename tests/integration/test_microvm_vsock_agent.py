@@ -1,6 +1,6 @@
 """The guest agent behind Firecracker's hybrid vsock, with a local process as the guest.
 
-The double's :class:`~corral.microvm.fake_firecracker.VsockRelay` plays Firecracker's side (Unix socket,
+The double's :class:`~corral.testing.firecracker.VsockRelay` plays Firecracker's side (Unix socket,
 ``CONNECT``/``OK``, then bytes); the "guest" answers only after a simulated boot delay and then runs the unchanged
 agent as a subprocess per connection, so the host's retry, the handshake and the agent protocol run for real.
 """
@@ -18,8 +18,8 @@ import pytest
 
 from corral.guest import agent
 from corral.guest.client import GuestConnection
-from corral.microvm.fake_firecracker import VsockRelay
 from corral.microvm.vsock import connect
+from corral.testing.firecracker import VsockRelay
 
 pytestmark = pytest.mark.integration
 

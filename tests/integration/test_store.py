@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 import corral.store
-from corral.errors import CorralError, InvalidRequestError, SandboxNotFoundError
+from corral.errors import CorralError, InvalidRequestError, WorkspaceNotFoundError
 from corral.store import ProviderAttempt, Store, WorkspaceRecord, async_url, migrate
 from corral.store.models import Base
 
@@ -147,13 +147,13 @@ async def test_workspace_create_and_get_round_trip_every_field(store: Store) -> 
 
 
 async def test_workspace_get_of_an_unknown_id_is_none_and_update_raises_not_found(store: Store) -> None:
-    """Reading a missing workspace gives None; changing one raises SandboxNotFoundError."""
+    """Reading a missing workspace gives None; changing one raises WorkspaceNotFoundError."""
     assert await store.workspaces.get("0" * 32) is None
-    with pytest.raises(SandboxNotFoundError, match=r"0{32}"):
+    with pytest.raises(WorkspaceNotFoundError, match=r"0{32}"):
         await store.workspaces.update("0" * 32, error="x")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await store.workspaces.mark_status("0" * 32, "ready")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await store.workspaces.add_warnings("0" * 32, "w")
 
 

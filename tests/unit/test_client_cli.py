@@ -16,7 +16,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import corral.client
-from corral.cli import BuildDisplay, _apply_config_flags, app, parse_tool_arguments
+from corral.cli import app
+from corral.cli.agent_types import _apply_config_flags
+from corral.cli.images import BuildDisplay
+from corral.cli.sessions import parse_tool_arguments
 
 pytestmark = pytest.mark.unit
 

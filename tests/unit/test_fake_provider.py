@@ -7,10 +7,10 @@ import pytest
 from corral.errors import (
     FileOperationError,
     ProviderUnavailableError,
-    SandboxNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.providers.base import ExecExit, ExecMode, ExecRequest, SandboxState, WorkspaceSpec
+from corral.providers.base import ExecExit, ExecMode, ExecRequest, WorkspaceSpec, WorkspaceState
 from corral.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.unit
@@ -37,7 +37,7 @@ async def test_fail_create_raises_provider_unavailable() -> None:
     assert await provider.list_workspaces() == []
     provider.fail_create = None
     await provider.create(spec())
-    assert await provider.state("ws-1") is SandboxState.RUNNING
+    assert await provider.state("ws-1") is WorkspaceState.RUNNING
 
 
 async def test_unhealthy_provider_reports_its_error() -> None:
@@ -56,7 +56,7 @@ async def test_create_delay_can_be_cancelled() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await provider.create(spec())
-    assert await provider.state("ws-1") is SandboxState.MISSING
+    assert await provider.state("ws-1") is WorkspaceState.MISSING
 
 
 async def test_calls_are_recorded(fake: FakeProvider) -> None:
@@ -73,11 +73,11 @@ async def test_duplicate_id_is_refused(fake: FakeProvider) -> None:
 
 
 async def test_file_calls_on_a_stopped_workspace_raise_state_error(fake: FakeProvider) -> None:
-    """File calls on a stopped workspace raise WorkspaceStateError, and stop of a missing one SandboxNotFoundError."""
+    """File calls on a stopped workspace raise WorkspaceStateError, and stop of a missing one WorkspaceNotFoundError."""
     await fake.stop("ws-1")
     with pytest.raises(WorkspaceStateError):
         await fake.read_file("ws-1", "/workspace/x")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await fake.stop("nope")
 
 

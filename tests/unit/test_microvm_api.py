@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 
 from corral.microvm.api_client import FirecrackerAPIError, FirecrackerClient, FirecrackerUnreachableError
-from corral.microvm.fake_firecracker import (
-    POST_BOOT_ONLY,
-    PRE_BOOT_ONLY,
-    ApiDouble,
-    ApiFault,
-    NoGuest,
-    start_api_server,
-)
+from corral.testing.firecracker import ApiDouble, ApiFault, NoGuest, start_api_server
+from corral.testing.firecracker.api import POST_BOOT_ONLY, PRE_BOOT_ONLY
 
 pytestmark = pytest.mark.unit
 

@@ -14,15 +14,15 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxNotFoundError,
+    WorkspaceNotFoundError,
 )
 from corral.microvm.manager import CreateVM, FirecrackerManager, ManagerConfig, config_from_settings
 from corral.microvm.readiness import Check, Readiness, ReadinessConfig
 from corral.microvm.server import create_manager_app
-from corral.microvm.testing import usable_probe
-from corral.providers.base import ExecRequest, ResourceLimits, SandboxState, WorkspaceProvider, WorkspaceSpec
+from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceProvider, WorkspaceSpec, WorkspaceState
 from corral.providers.firecracker import FirecrackerProvider, from_settings
 from corral.settings import Settings
+from corral.testing.microvm import usable_probe
 
 pytestmark = pytest.mark.unit
 
@@ -182,15 +182,15 @@ async def test_provider_capabilities_carry_kvm_and_resources(provider: Firecrack
 async def test_provider_unknown_workspace(provider: FirecrackerProvider) -> None:
     """Unknown ids: destroy is a no-op, state is missing, the list is empty, other calls raise not found."""
     await provider.destroy("ws-1")
-    assert await provider.state("ws-1") is SandboxState.MISSING
+    assert await provider.state("ws-1") is WorkspaceState.MISSING
     assert await provider.list_workspaces() == []
-    with pytest.raises(SandboxNotFoundError, match="workspace ws-1 does not exist"):
+    with pytest.raises(WorkspaceNotFoundError, match="workspace ws-1 does not exist"):
         await provider.exec("ws-1", ExecRequest("true"))
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.read_file("ws-1", "/workspace/a")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.stop("ws-1")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.resume("ws-1")
 
 

@@ -1,7 +1,7 @@
 """The tables, as typed SQLAlchemy 2 declarative models.
 
 The models are the store's private representation: repositories hand out frozen dataclasses built from them
-(:mod:`corral.store.repository`), so nothing outside ``corral.store`` holds an ORM row or a session.
+(:mod:`corral.store.records`), so nothing outside ``corral.store`` holds an ORM row or a session.
 
 Timestamps are timezone-aware UTC everywhere. SQLite has no timezone-aware type, so :class:`UTCDateTime` stores
 naive UTC there and puts ``tzinfo=UTC`` back on the way out; PostgreSQL uses ``timestamptz``. JSON columns use the

@@ -1,5 +1,6 @@
 """Helpers for testing the microVM stack on hosts that cannot boot a VM: throwaway network namespaces, host
-network checks, the Firecracker API double as the VMM command, and a manager wired to all three.
+network checks, the Firecracker API double (:mod:`corral.testing.firecracker`) as the VMM command, and a manager
+wired to all three.
 
 Networking tests run everything inside a namespace they create (``corral-test-<hex>``) so the host's links and
 iptables rules are never touched; :func:`corral_network_objects` lists what Corral could have left in the host
@@ -27,7 +28,7 @@ __all__ = [
     "usable_probe",
 ]
 
-FAKE_VMM = (sys.executable, "-m", "corral.microvm.fake_firecracker")
+FAKE_VMM = (sys.executable, "-m", "corral.testing.firecracker")
 """The VMM command that runs the Firecracker API double instead of the real binary."""
 
 
@@ -37,7 +38,7 @@ def usable_probe(config: ReadinessConfig) -> Readiness:
     return Readiness(
         usable=True,
         reason="test: the Firecracker API double stands in for the VMM, so KVM is not needed",
-        checks=(Check("vmm", ok=True, detail="corral.microvm.fake_firecracker"),),
+        checks=(Check("vmm", ok=True, detail="corral.testing.firecracker"),),
     )
 
 

@@ -1,0 +1,205 @@
+"""``corral workspaces``: create, list, show, exec in, stop, resume and remove workspaces."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from corral.cli._common import JsonFlag, connect, describe, print_json, show, stderr_console
+
+if TYPE_CHECKING:
+    from corral.client import WorkspaceInfo
+
+app = typer.Typer(help="Create, run commands in, stop, resume and remove workspaces.", no_args_is_help=True)
+
+
+def _pairs(values: Sequence[str], option: str) -> dict[str, str]:
+    out = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{option} {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _limits(info: WorkspaceInfo) -> str:
+    return " ".join(f"{k}={v}" for k, v in info.resource_limits.items())
+
+
+def _workspace_table(workspaces: Sequence[WorkspaceInfo]) -> Any:
+    from rich.table import Table
+
+    table = Table("ID", "STATUS", "PROVIDER", "NETWORK", "LIMITS", "CREATED", box=None, pad_edge=False)
+    for w in workspaces:
+        created = w.created_at.strftime("%Y-%m-%d %H:%M:%S") if w.created_at else "-"
+        table.add_row(w.id, w.status, w.provider or "-", w.network, _limits(w), created)
+    return table
+
+
+def _report_workspace(info: WorkspaceInfo) -> None:
+    """What a person wants to know after a create: where it runs, and anything that went wrong on the way."""
+    err = stderr_console()
+    warm = ", from the warm pool" if info.from_warm_pool else ""
+    err.print(f"workspace {info.id} {info.status} on {info.provider}{warm}", markup=False)
+    for attempt in info.provider_attempts:
+        err.print(f"[yellow]fallback:[/] {attempt.provider} failed: {attempt.error}")
+    for warning in info.warnings:
+        err.print(f"[yellow]warning:[/] {warning}")
+
+
+@app.command("create")
+def workspaces_create(
+    ctx: typer.Context,
+    *,
+    provider: Annotated[str, typer.Option(help="auto, gvisor, docker, firecracker, e2b...")] = "auto",
+    cpu: Annotated[str | None, typer.Option(help="CPUs, e.g. 2")] = None,
+    memory: Annotated[str | None, typer.Option(help="memory, e.g. 4G")] = None,
+    disk: Annotated[str | None, typer.Option(help="disk, e.g. 10G")] = None,
+    image: Annotated[str | None, typer.Option(help="base image instead of the server's")] = None,
+    network: Annotated[str | None, typer.Option(help="isolated (default: no network) or default")] = None,
+    container_type: Annotated[str | None, typer.Option(help="agent_workspace (default) or mcp_server")] = None,
+    meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Create a workspace and print its id (details go to stderr).
+
+    WS=$(corral workspaces create --provider gvisor)
+    """
+    limits = {k: v for k, v in {"cpu": cpu, "memory": memory, "disk": disk}.items() if v is not None}
+    with connect(ctx) as corral:
+        ws = corral.workspaces.create(
+            provider=provider,
+            container_type=container_type,
+            resource_limits=limits or None,
+            base_image=image,
+            network=network,
+            metadata=_pairs(meta or [], "--meta") or None,
+        )
+    if as_json:
+        print_json(dict(ws.info.raw))
+        return
+    _report_workspace(ws.info)
+    typer.echo(ws.id)
+
+
+@app.command("list")
+def workspaces_list(
+    ctx: typer.Context,
+    *,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the ids")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """List the workspaces that are not destroyed."""
+    with connect(ctx) as corral:
+        infos = [w.info for w in corral.workspaces.list()]
+    if as_json:
+        print_json([dict(i.raw) for i in infos])
+    elif quiet:
+        for info in infos:
+            typer.echo(info.id)
+    else:
+        show(_workspace_table(infos) if infos else "no workspaces")
+
+
+@app.command("show")
+def workspaces_show(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
+    """Show one workspace."""
+    with connect(ctx) as corral:
+        info = corral.workspaces.get(workspace_id).info
+    if as_json:
+        print_json(dict(info.raw))
+        return
+    show(describe(dict(info.raw)))
+
+
+@app.command("exec", context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
+def workspaces_exec(
+    ctx: typer.Context,
+    *,
+    workspace_id: Annotated[str, typer.Argument(help="the workspace")],
+    command: Annotated[list[str], typer.Argument(help="a command line, or a program and its arguments")],
+    argv: Annotated[bool, typer.Option("--argv", help="run the program directly, without a shell")] = False,
+    cwd: Annotated[str | None, typer.Option(help="working directory (default /workspace)")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="environment KEY=VALUE (repeatable)")] = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="kill the command after this many seconds (default 600)")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Run a command in a workspace; print its output and exit with its exit code.
+
+    Options go before the workspace id, as with docker exec. One argument is a shell command line, run by
+    /bin/sh -c; more are a program and its arguments (still through the shell, quoted, unless --argv):
+
+    corral workspaces exec $WS 'cd src && ls | wc -l'
+    corral workspaces exec --argv $WS -- ls -la /workspace
+
+    With --json the result is printed as JSON; the exit code is still the command's.
+    """
+    if command[:1] == ["--"]:  # after the workspace id every word is the command's, so `--` is left to drop here
+        command = command[1:]
+    if not command:
+        raise typer.BadParameter("missing the command to run")
+    with connect(ctx) as corral:
+        workspace = corral.workspaces.get(workspace_id)
+        result = workspace.exec(
+            command[0],
+            args=command[1:],
+            mode="argv" if argv else "shell",
+            cwd=cwd,
+            env=_pairs(env or [], "--env") or None,
+            timeout_s=timeout,
+        )
+    if as_json:
+        print_json({"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                    "duration_ms": result.duration_ms, "timed_out": result.timed_out,
+                    "truncated": result.truncated})  # fmt: skip
+    else:
+        sys.stdout.write(result.stdout)
+        sys.stdout.flush()
+        sys.stderr.write(result.stderr)
+        if result.timed_out:
+            sys.stderr.write(f"corral: the command timed out and was killed (exit code {result.exit_code})\n")
+        if result.truncated:
+            sys.stderr.write("corral: output past the server's limit was dropped\n")
+        sys.stderr.flush()
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("stop")
+def workspaces_stop(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
+    """Stop a workspace; /workspace is kept for resume."""
+    with connect(ctx) as corral:
+        info = corral.workspaces.get(workspace_id).stop()
+    print_json(dict(info.raw)) if as_json else typer.echo(f"{info.id} {info.status}")
+
+
+@app.command("resume")
+def workspaces_resume(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
+    """Resume a stopped workspace with its /workspace as it was."""
+    with connect(ctx) as corral:
+        info = corral.workspaces.get(workspace_id).resume()
+    print_json(dict(info.raw)) if as_json else typer.echo(f"{info.id} {info.status}")
+
+
+@app.command("rm")
+def workspaces_rm(ctx: typer.Context, workspace_ids: Annotated[list[str], typer.Argument(help="one or more")]) -> None:
+    """Destroy workspaces (container and volume); each one's error is reported and the rest still go."""
+    from corral.errors import CorralError
+
+    failed = False
+    with connect(ctx) as corral:
+        for workspace_id in workspace_ids:
+            try:
+                corral.workspaces.get(workspace_id).destroy()
+            except CorralError as exc:
+                typer.echo(" ".join(f"error: {exc.code}: {exc.message}".split()), err=True)
+                failed = True
+            else:
+                typer.echo(workspace_id)
+    if failed:
+        raise typer.Exit(1)
