@@ -21,7 +21,7 @@ Where a credential must outlive the request (the fixed ``repo_source`` URL of an
 provisioning needs again after a restart) it is sealed with AES-256-GCM by a :class:`SecretBox`. Its key comes from
 ``CORRAL_SECRET_KEY`` or, when that is unset, from ``$CORRAL_DATA_DIR/secret-key``, generated once with mode 0600
 (:func:`load_secret_box`). Servers sharing one database must share the key; a lost key makes the sealed credentials
-unreadable (:class:`CredentialUnavailableError`), never readable in clear.
+unreadable (:class:`~corral.errors.CredentialUnavailableError`), never readable in clear.
 """
 
 from __future__ import annotations
@@ -41,12 +41,11 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from corral.errors import CorralError
+from corral.errors import CredentialUnavailableError
 
 __all__ = [
     "MASK",
     "SECRET_KEY_FILE",
-    "CredentialUnavailableError",
     "RedactingFilter",
     "SecretBox",
     "SplitURL",
@@ -270,14 +269,6 @@ class RedactingFilter(logging.Filter):
 
 
 # --- sealing ----------------------------------------------------------------------------------------------------------
-
-
-class CredentialUnavailableError(CorralError):
-    """A sealed credential cannot be opened: the key changed (``CORRAL_SECRET_KEY``, ``secret-key``) or it was
-    tampered with. The credential must be given again."""
-
-    code = "credential_unavailable"
-    http_status = 409
 
 
 class SecretBox:

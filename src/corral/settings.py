@@ -10,11 +10,14 @@ from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy.engine import make_url
 
+from corral.values import ResourceLimits
+
 __all__ = ["Settings"]
 
 
 class Settings(BaseSettings):
-    """Corral's knobs. Names follow the seeds where they name one (``WORKSPACE_DEFAULT_CPU``), else ``CORRAL_*``."""
+    """Corral's knobs, read from ``CORRAL_*`` variables; a few also take a name without the prefix
+    (``WORKSPACE_DEFAULT_CPU``, ``E2B_API_KEY``)."""
 
     model_config = SettingsConfigDict(env_prefix="CORRAL_", extra="ignore", populate_by_name=True)
 
@@ -35,7 +38,7 @@ class Settings(BaseSettings):
     Servers sharing one database need the same key; with another key, stored credentials must be given again."""
 
     deployment_mode: Literal["self-hosted", "managed"] = "self-hosted"
-    """CORRAL_DEPLOYMENT_MODE: decides what ``provider: "auto"`` prefers (seed 000)."""
+    """CORRAL_DEPLOYMENT_MODE: decides what ``provider: "auto"`` prefers (``managed``: E2B first)."""
 
     providers: str = "firecracker,gvisor,docker"
     """CORRAL_PROVIDERS: comma-separated providers to configure. ``fake`` is for tests only."""
@@ -178,6 +181,10 @@ class Settings(BaseSettings):
 
     e2b_sandbox_timeout_s: int = Field(3600, ge=1, le=86400)
     """CORRAL_E2B_SANDBOX_TIMEOUT_S: lifetime E2B gives a sandbox before pausing it."""
+
+    def default_limits(self) -> ResourceLimits:
+        """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""
+        return ResourceLimits.parse({"cpu": self.default_cpu, "memory": self.default_memory, "disk": self.default_disk})
 
     def sqlalchemy_url(self) -> str:
         """The async SQLAlchemy URL for the configured database."""

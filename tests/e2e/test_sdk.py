@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from corral.agents.sessions import SessionNotFoundError, SessionStateError
 from corral.client import (
     AsyncCorral,
     Corral,
     ProviderNotFoundError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    SessionNotFoundError,
+    SessionStateError,
     ToolError,
     ToolNotAllowedError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from tests.e2e.conftest import TOKEN, Server
@@ -68,7 +69,7 @@ async def test_workspace_exec_and_files(corral: AsyncCorral) -> None:
 
 async def test_stop_resume_destroy_and_the_errors_they_lead_to(corral: AsyncCorral) -> None:
     """Stop keeps /workspace and refuses exec (WorkspaceStateError), resume brings it back, destroy makes exec
-    raise SandboxDestroyedError; unknown ids and providers raise their typed errors."""
+    raise WorkspaceDestroyedError; unknown ids and providers raise their typed errors."""
     ws = await corral.workspaces.create(provider="gvisor")
     try:
         await ws.files.write("keep.txt", "kept")
@@ -80,10 +81,10 @@ async def test_stop_resume_destroy_and_the_errors_they_lead_to(corral: AsyncCorr
         assert ws.id in [w.id for w in await corral.workspaces.list()]
     finally:
         await ws.destroy()
-    with pytest.raises(SandboxDestroyedError):
+    with pytest.raises(WorkspaceDestroyedError):
         await ws.exec("true")
     assert (await corral.workspaces.get(ws.id)).status == "destroyed"
-    with pytest.raises(SandboxNotFoundError) as unknown:
+    with pytest.raises(WorkspaceNotFoundError) as unknown:
         await corral.workspaces.get("no-such-workspace")
     assert isinstance(unknown.value, LookupError)
     with pytest.raises(ProviderNotFoundError, match="unknown provider 'nope'"):

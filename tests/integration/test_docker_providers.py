@@ -10,7 +10,7 @@ import pytest
 
 from corral.errors import InvalidRequestError, ProviderUnavailableError, WorkspaceStateError
 from corral.providers._docker_engine import DockerEngine
-from corral.providers.base import ExecRequest, ResourceLimits, SandboxState, WorkspaceSpec
+from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceSpec, WorkspaceState
 from corral.providers.docker import LABEL_ID, DockerProvider, container_name, volume_name
 from corral.providers.gvisor import GVisorProvider
 from tests.conftest import BASE_IMAGE
@@ -174,7 +174,7 @@ async def test_pids_limit_contains_a_fork_bomb(
             result = await provider.exec(spec.id, ExecRequest("python3 /workspace/probe.py", timeout_s=60))
         except WorkspaceStateError:
             assert provider_cls is GVisorProvider, "only gVisor stops the sandbox at the pids limit"
-            assert await provider.state(spec.id) is SandboxState.STOPPED
+            assert await provider.state(spec.id) is WorkspaceState.STOPPED
             await provider.resume(spec.id)
             assert (await provider.exec(spec.id, ExecRequest("test -f /workspace/probe.py"))).exit_code == 0
         else:

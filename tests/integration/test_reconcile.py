@@ -13,7 +13,7 @@ from corral.orchestrator.pool import PoolSpec, WarmPools
 from corral.orchestrator.reconcile import reconcile
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers._docker_engine import DockerEngine
-from corral.providers.base import ExecRequest, ResourceLimits, SandboxState, WorkspaceSpec
+from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceSpec, WorkspaceState
 from corral.providers.docker import container_name, volume_name
 from corral.providers.gvisor import GVisorProvider
 from corral.settings import Settings
@@ -55,7 +55,7 @@ async def test_other_owners_objects_are_left_alone(service: WorkspaceService, do
     try:
         report = await reconcile(service)
         assert other not in report.orphans_destroyed
-        assert await stranger.state(other) is SandboxState.RUNNING
+        assert await stranger.state(other) is WorkspaceState.RUNNING
     finally:
         await stranger.destroy(other)
         await stranger.aclose()
@@ -108,7 +108,8 @@ async def test_interrupted_create_is_cleaned_up(service: WorkspaceService, docke
 async def test_warm_pool_survives_a_restart_without_leaking(service: WorkspaceService) -> None:
     """Running warm workspaces are adopted back into their pool; a dead one is discarded."""
     spec = PoolSpec("gvisor", BASE_IMAGE, service.default_limits(), "isolated", size=2)
-    pools = WarmPools(service, [spec])
+    pools = WarmPools([spec])
+    service.attach_pools(pools)
     assert await pools.refill(spec.key) == 2
     warm = await service.store.workspaces.list(pool_key=spec.key)
     await service.providers["gvisor"].destroy(warm[0].id)  # dies while the server is down
@@ -117,18 +118,21 @@ async def test_warm_pool_survives_a_restart_without_leaking(service: WorkspaceSe
 
     assert report.pool_adopted == [warm[1].id]
     assert report.pool_discarded == [warm[0].id]
-    service.pools = WarmPools(service, [spec])
-    assert await service.pools.refill(spec.key) == 1  # only the discarded one is replaced
+    restarted = WarmPools([spec])
+    service.attach_pools(restarted)
+    assert await restarted.refill(spec.key) == 1  # only the discarded one is replaced
 
 
 async def test_warm_workspaces_of_a_pool_no_longer_configured_are_discarded(service: WorkspaceService) -> None:
     """After a restart with the pool configured away, its warm workspaces are destroyed, not kept forever."""
     spec = PoolSpec("gvisor", BASE_IMAGE, service.default_limits(), "isolated", size=1)
-    assert await WarmPools(service, [spec]).refill(spec.key) == 1
+    pools = WarmPools([spec])
+    service.attach_pools(pools)
+    assert await pools.refill(spec.key) == 1
     [warm] = await service.store.workspaces.list(pool_key=spec.key)
     report = await reconcile(service, pool_keys=[])
     assert report.pool_discarded == [warm.id]
-    assert await service.providers["gvisor"].state(warm.id) is SandboxState.MISSING
+    assert await service.providers["gvisor"].state(warm.id) is WorkspaceState.MISSING
 
 
 async def test_a_container_that_dies_on_its_own_is_recorded_as_stopped(

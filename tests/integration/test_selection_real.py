@@ -13,7 +13,7 @@ from corral.errors import AllProvidersFailedError, ProviderUnavailableError
 from corral.microvm.readiness import ReadinessConfig
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers._docker_engine import DockerEngine
-from corral.providers.base import SandboxState, WorkspaceProvider
+from corral.providers.base import WorkspaceProvider, WorkspaceState
 from corral.providers.docker import DockerProvider
 from corral.providers.firecracker import FirecrackerProvider
 from corral.providers.gvisor import GVisorProvider
@@ -45,7 +45,7 @@ async def test_auto_picks_gvisor_here_and_records_why_firecracker_was_skipped(se
     record = await service.create(CreateWorkspace())
     assert record.requested_provider == "auto"
     assert record.provider == "gvisor"
-    assert await service.providers["gvisor"].state(record.id) is SandboxState.RUNNING
+    assert await service.providers["gvisor"].state(record.id) is WorkspaceState.RUNNING
     [attempt] = record.provider_attempts
     assert attempt.provider == "firecracker"
     assert "KVM not available" in attempt.error

@@ -29,6 +29,9 @@ from corral.api.app import create_app
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
 
+ISOLATION = {"docker": "container", "gvisor": "gvisor", "firecracker": "microvm"}
+"""What each real provider reports, for the fakes that stand in for them."""
+
 pytestmark = pytest.mark.unit
 
 TOKEN = "contract-test-token"
@@ -48,7 +51,9 @@ CHECKS = (
 
 def build_app(data_dir: Path) -> FastAPI:
     """The real app over in-memory providers: gVisor and Firecracker for auto, plain docker present but not allowed."""
-    providers = {name: FakeProvider(name) for name in ("firecracker", "gvisor", "docker")}
+    providers = {
+        name: FakeProvider(name, isolation=ISOLATION.get(name, "none")) for name in ("firecracker", "gvisor", "docker")
+    }
     settings = Settings(
         data_dir=data_dir,
         api_token=TOKEN,

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from corral.errors import ExecTimeoutError, TooManyRequestsError
-from corral.guest.remote import ExecGate
-from corral.providers.base import ExecRequest
+from corral.providers.agent_backed import ExecGate
+from corral.providers.base import ExecMode, ExecRequest
 from corral.providers.docker import DockerProvider, container_name
 from tests.e2e.conftest import TOKEN, Server
 
@@ -120,3 +120,46 @@ async def test_a_command_timeout_kills_what_it_started(provider: DockerProvider,
     with pytest.raises(ExecTimeoutError):
         await provider.exec(workspace_id, ExecRequest("sleep 1000 & sleep 1000 & sleep 1000", timeout_s=3))
     assert await _sleepers(provider, workspace_id) == 0
+
+
+@pytest.mark.e2e
+def test_a_dead_sandbox_reads_the_same_through_every_api(gvisor_server: Server) -> None:
+    """One runtime event, seen alike by the workspaces API (stopped), the session's tools (409 saying so) and the
+    E2B API (paused), with no call to the workspace needed first."""
+    client = gvisor_server.client
+    agent_type = client.post(
+        "/api/v1/agent-types", json={"name": f"dies-{time.monotonic_ns()}", "workspace": {"enabled": True}}
+    ).json()
+    session = client.post("/api/v1/agent/sessions", json={"agent_type_id": agent_type["id"]}).json()
+    deadline = time.monotonic() + 60
+    while session["status"] != "active" and time.monotonic() < deadline:
+        time.sleep(0.1)
+        session = client.get(f"/api/v1/agent/sessions/{session['id']}").json()
+    workspace = session["workspace_id"]
+    assert client.post(f"/api/v1/agent/sessions/{session['id']}/tools/bash", json={"command": "true"}).is_success
+    try:
+        subprocess.run(["docker", "kill", container_name(workspace)], check=True, capture_output=True)
+        deadline = time.monotonic() + 10
+        while client.get(f"/api/v1/agent/workspaces/{workspace}").json()["status"] == "ready":
+            assert time.monotonic() < deadline, "the death was not recorded"
+            time.sleep(0.05)
+        assert client.get(f"/api/v1/agent/workspaces/{workspace}").json()["status"] == "stopped"
+        tool = client.post(f"/api/v1/agent/sessions/{session['id']}/tools/bash", json={"command": "true"})
+        assert tool.status_code == 409 and "stopped" in tool.json()["error"]["message"], tool.text
+        sandbox = client.get(f"/e2b/sandboxes/{workspace}", headers={"X-API-KEY": TOKEN})
+        assert sandbox.status_code == 200 and sandbox.json()["state"] == "paused", sandbox.text
+    finally:
+        client.delete(f"/api/v1/agent/sessions/{session['id']}")
+
+
+@pytest.mark.integration
+async def test_killing_the_group_never_changes_a_commands_exit_code(
+    provider: DockerProvider, workspace_id: str
+) -> None:
+    """The group is killed only after its leader has exited and been reaped: 100 quick commands all report their
+    own exit code (a kill racing the leader's exit once turned a 0 into 137)."""
+    results = [
+        await provider.exec(workspace_id, ExecRequest("printf", ("%s|", "$X", "a b"), mode=ExecMode.ARGV))
+        for _ in range(100)
+    ]
+    assert {(r.exit_code, r.stdout) for r in results} == {(0, b"$X|a b|")}

@@ -1,13 +1,22 @@
-"""The SDK maps the API's error codes back to Corral's typed errors through one table, keeps unknown codes, and turns
-transport failures into one-line Corral errors; async and sync clients alike."""
+"""One error tree, in corral.errors, with a unique code per class; the SDK maps the API's codes back to it through
+one table that covers every code, keeps unknown codes, and turns transport failures into one-line Corral errors
+(async and sync clients alike); the old Sandbox* names still work, with a DeprecationWarning."""
 
 from __future__ import annotations
 
+import inspect
+import re
+import subprocess
+import sys
+from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 
+import corral.client
+import corral.errors
+import corral.providers.base
 from corral.client import (
     ERROR_CODES,
     AsyncCorral,
@@ -25,11 +34,11 @@ from corral.errors import (
     InvalidRequestError,
     ProviderNotFoundError,
     ProviderUnavailableError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    ToolNotAllowedError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
 )
-from corral.tools.errors import ToolNotAllowedError
 
 pytestmark = pytest.mark.unit
 
@@ -47,19 +56,87 @@ def _error(code: str, message: str, details: dict[str, Any] | None = None) -> di
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 
+def _tree() -> list[type[CorralError]]:
+    """Every CorralError class defined in corral.errors."""
+    return [
+        cls
+        for _, cls in inspect.getmembers(corral.errors, inspect.isclass)
+        if issubclass(cls, CorralError) and cls.__module__ == "corral.errors"
+    ]
+
+
 @pytest.mark.parametrize("code", sorted(ERROR_CODES))
 def test_every_code_in_the_table_names_a_class_with_that_code(code: str) -> None:
-    """Each table entry resolves (lazy ones included) to a CorralError subclass whose ``code`` is the key."""
+    """Each table entry is a CorralError subclass whose ``code`` is the key."""
     cls = error_class(code)
     assert cls is not None and issubclass(cls, CorralError)
     assert cls.code == code
 
 
+def test_every_error_of_the_tree_has_its_own_code() -> None:
+    """No two classes of corral.errors share a code, and every class of corral.errors is exported by it."""
+    tree = _tree()
+    codes = [cls.code for cls in tree]
+    assert len(codes) == len(set(codes)), sorted(c for c in codes if codes.count(c) > 1)
+    assert {cls.__name__ for cls in tree} == set(corral.errors.__all__)
+
+
+def test_the_sdk_table_covers_every_code_the_server_sends() -> None:
+    """Each code of corral.errors maps to its own class, and the table holds nothing but those and the client's own
+    errors (the HTTP layer's generic codes such as ``not_found`` come back as a plain CorralError)."""
+    tree = _tree()
+    assert {code: ERROR_CODES.get(code) for code in (cls.code for cls in tree)} == {cls.code: cls for cls in tree}
+    assert set(ERROR_CODES.values()) == {*tree, AuthenticationError}
+
+
+@pytest.mark.parametrize("cls", _tree(), ids=lambda cls: cls.__name__)
+def test_the_docstring_draws_each_error_with_its_status_and_code(cls: type[CorralError]) -> None:
+    """corral.errors' docstring tree has a line naming the class, then its HTTP status and code."""
+    line = rf"^[\s│├└─]*{cls.__name__}\b.*\s{cls.http_status}\s+{cls.code}\s"
+    assert re.search(line, corral.errors.__doc__ or "", re.MULTILINE), cls.__name__
+
+
+def test_the_sdk_exports_every_error_and_loads_nothing_of_the_server() -> None:
+    """corral.client re-exports every class of corral.errors, and importing it loads no server module (store,
+    agents, tools, SQLAlchemy, FastAPI)."""
+    assert set(corral.errors.__all__) <= set(corral.client.__all__)
+    probe = (
+        "import sys, corral.client; "
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('corral.', 'sqlalchemy', 'fastapi')))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert [m for m in loaded if not m.startswith("corral.client")] == ["corral.errors"]
+
+
+@pytest.mark.parametrize(
+    ("module", "old", "new"),
+    [
+        (corral.errors, "SandboxNotFoundError", WorkspaceNotFoundError),
+        (corral.errors, "SandboxDestroyedError", WorkspaceDestroyedError),
+        (corral.client, "SandboxNotFoundError", WorkspaceNotFoundError),
+        (corral.client, "SandboxDestroyedError", WorkspaceDestroyedError),
+        (corral.providers.base, "SandboxState", corral.providers.base.WorkspaceState),
+    ],
+    ids=lambda value: value.__name__ if isinstance(value, ModuleType | type) else value,
+)
+def test_old_names_still_work_with_a_deprecation_warning(module: ModuleType, old: str, new: type) -> None:
+    """An old Sandbox* name is the renamed class itself; naming it warns, at the caller's line, pointing at the new
+    name."""
+    with pytest.warns(
+        DeprecationWarning, match=rf"{module.__name__}\.{old} is deprecated.*use .*\.{new.__name__}"
+    ) as caught:
+        assert getattr(module, old) is new
+    assert caught[0].filename == __file__
+    assert old not in module.__all__
+    with pytest.raises(AttributeError):
+        getattr(module, "NoSuchError")  # noqa: B009 - the module's __getattr__ must still refuse other names
+
+
 @pytest.mark.parametrize(
     ("status", "code", "expected", "builtin"),
     [
-        (404, "workspace_not_found", SandboxNotFoundError, LookupError),
-        (410, "workspace_destroyed", SandboxDestroyedError, CorralError),
+        (404, "workspace_not_found", WorkspaceNotFoundError, LookupError),
+        (410, "workspace_destroyed", WorkspaceDestroyedError, CorralError),
         (400, "provider_not_found", ProviderNotFoundError, LookupError),
         (503, "provider_unavailable", ProviderUnavailableError, CorralError),
         (503, "all_providers_failed", AllProvidersFailedError, ProviderUnavailableError),
@@ -89,7 +166,7 @@ def test_the_sync_client_raises_the_same_errors() -> None:
     body = _error("workspace_not_found", "workspace 'w1' does not exist")
     with (
         Corral("http://corral.test", "t", transport=_answering(404, body)) as client,
-        pytest.raises(SandboxNotFoundError, match="workspace 'w1' does not exist"),
+        pytest.raises(WorkspaceNotFoundError, match="workspace 'w1' does not exist"),
     ):
         client.workspaces.get("w1")
 

@@ -113,8 +113,8 @@ def test_every_public_member_is_documented_google_style(cls: type) -> None:
 
 
 def test_package_exports_exactly_its_public_api() -> None:
-    """``corral.client.__all__`` lists the clients, their resources, the result values and the typed errors, and
-    every listed name exists."""
+    """``corral.client.__all__`` lists the clients, their resources, the result values and the typed errors (all of
+    corral.errors), and every listed name exists."""
     expected = {
         "DEFAULT_URL", "ERROR_CODES", "error_class",
         "AsyncCorral", "Corral",
@@ -124,10 +124,12 @@ def test_package_exports_exactly_its_public_api() -> None:
         "GrepResult", "PoolReport", "PoolStatus", "ProviderAttempt", "ProviderStatus", "ReadResult", "SessionInfo",
         "WorkspaceInfo",
         "AuthenticationError", "CorralConnectionError", "CorralTimeoutError",
-        "AllProvidersFailedError", "CorralError", "ExecTimeoutError", "FileOperationError", "InvalidRequestError",
-        "ProviderNotFoundError", "ProviderUnavailableError", "ResourceLimitError", "SandboxDestroyedError",
-        "SandboxNotFoundError", "ToolError", "WorkspaceFileNotFoundError", "WorkspaceStateError",
-        "ToolNotAllowedError", "UnknownToolError",
+        "CorralError", "InvalidRequestError", "ProviderNotFoundError", "ProviderNotAllowedError",
+        "ProviderUnavailableError", "AllProvidersFailedError", "WorkspaceNotFoundError", "WorkspaceDestroyedError",
+        "WorkspaceStateError", "WorkspaceBrokenError", "TooManyRequestsError", "ExecTimeoutError", "ResourceLimitError",
+        "FileOperationError", "WorkspaceFileNotFoundError", "ToolError", "ToolNotAllowedError", "UnknownToolError",
+        "AgentTypeNotFoundError", "SessionNotFoundError", "NoWorkspaceError", "SessionStateError",
+        "SessionDegradedError", "CheckoutError", "CredentialUnavailableError",
     }  # fmt: skip
     assert set(corral.client.__all__) == expected
     assert len(corral.client.__all__) == len(expected), "no duplicates"

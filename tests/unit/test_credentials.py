@@ -13,7 +13,6 @@ from corral.agents.config import config_from_json, parse_workspace_config
 from corral.api.app import private_data_dir
 from corral.credentials import (
     MASK,
-    CredentialUnavailableError,
     RedactingFilter,
     SecretBox,
     clean_url,
@@ -23,7 +22,7 @@ from corral.credentials import (
     redact_url,
     split_url,
 )
-from corral.errors import InvalidRequestError
+from corral.errors import CredentialUnavailableError, InvalidRequestError
 from corral.providers.base import ResourceLimits
 from corral.store import Store
 from corral.tools.audit import summarize_arguments

@@ -188,7 +188,7 @@ async def test_streamed_frames_must_carry_data_and_a_small_header(frame: bytes) 
     reader.feed_data(frame)
     await asyncio.sleep(0.01)
     assert conn.closed and "no request of this kind takes" in violations[0]
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
 
 
 async def test_an_agent_that_never_answers_costs_a_bounded_wait() -> None:

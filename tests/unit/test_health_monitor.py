@@ -19,6 +19,9 @@ from corral.providers.fake import FakeProvider
 from corral.settings import Settings
 from corral.store import Store
 
+ISOLATION = {"docker": "container", "gvisor": "gvisor", "firecracker": "microvm"}
+"""What each real provider reports, for the fakes that stand in for them."""
+
 pytestmark = pytest.mark.unit
 
 UNREACHABLE = "firecracker manager unreachable: connection refused"
@@ -26,7 +29,7 @@ UNREACHABLE = "firecracker manager unreachable: connection refused"
 
 def fakes(*names: str) -> dict[str, FakeProvider]:
     """In-memory providers named after the real backends, so auto selection considers them."""
-    return {name: FakeProvider(name) for name in names}
+    return {name: FakeProvider(name, isolation=ISOLATION.get(name, "none")) for name in names}
 
 
 def health_calls(provider: FakeProvider) -> int:

@@ -18,9 +18,9 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.providers.base import ExecOutput, ExecRequest, WorkspaceSpec
@@ -147,8 +147,8 @@ class TestHttpProviderConformance(ProviderConformance):
     ("code", "status", "expected"),
     [
         ("invalid_request", 400, InvalidRequestError),
-        ("workspace_not_found", 404, SandboxNotFoundError),
-        ("workspace_destroyed", 410, SandboxDestroyedError),
+        ("workspace_not_found", 404, WorkspaceNotFoundError),
+        ("workspace_destroyed", 410, WorkspaceDestroyedError),
         ("workspace_state_conflict", 409, WorkspaceStateError),
         ("exec_timeout", 504, ExecTimeoutError),
         ("resource_limit", 422, ResourceLimitError),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from corral.errors import ProviderUnavailableError, SandboxNotFoundError
+from corral.errors import ProviderUnavailableError, WorkspaceNotFoundError
 from corral.microvm import Check, Readiness, ReadinessConfig, probe
 from corral.microvm.readiness import (
     KVM_CHECK_EXTENSION,
@@ -21,7 +21,7 @@ from corral.microvm.readiness import (
     NOT_AVAILABLE_PREFIX,
     REQUIRED_EXTENSIONS,
 )
-from corral.providers.base import ExecRequest, SandboxState, WorkspaceProvider, WorkspaceSpec
+from corral.providers.base import ExecRequest, WorkspaceProvider, WorkspaceSpec, WorkspaceState
 from corral.providers.firecracker import READINESS_CACHE_S, FirecrackerProvider, from_settings
 from corral.settings import Settings
 
@@ -600,22 +600,22 @@ async def test_provider_has_no_workspaces() -> None:
 
     await provider.destroy("ws-1")
     await provider.destroy("ws-1")
-    assert await provider.state("ws-1") is SandboxState.MISSING
+    assert await provider.state("ws-1") is WorkspaceState.MISSING
     assert await provider.list_workspaces() == []
-    with pytest.raises(SandboxNotFoundError, match="workspace ws-1 does not exist"):
+    with pytest.raises(WorkspaceNotFoundError, match="workspace ws-1 does not exist"):
         await provider.exec("ws-1", ExecRequest(command="true"))
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         async for _ in provider.exec_stream("ws-1", ExecRequest(command="true")):
             pass
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.read_file("ws-1", "/workspace/a")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.write_file("ws-1", "/workspace/a", b"x")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.stop("ws-1")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.resume("ws-1")
-    with pytest.raises(SandboxNotFoundError):
+    with pytest.raises(WorkspaceNotFoundError):
         await provider.glob("ws-1", "**")
     await provider.aclose()
 

@@ -17,11 +17,10 @@ from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.pool import PoolSpec, WarmPools
 from corral.orchestrator.reaper import Reaper
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
-from corral.providers.base import ExecRequest, SandboxState
+from corral.providers.base import ExecRequest, WorkspaceState
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
-from corral.store import Store
-from corral.store import repository as repository_module
+from corral.store import Store, _common, agent_types, audit, sessions, workspaces
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +63,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
     monkeypatch.setattr(reaper_module, "time", fake)
     monkeypatch.setattr(service_module, "time", fake)
-    monkeypatch.setattr(repository_module, "utcnow", fake.utcnow)
+    for store_module in (_common, workspaces, agent_types, sessions, audit):  # every module that stamps times
+        monkeypatch.setattr(store_module, "utcnow", fake.utcnow)
     return fake
 
 
@@ -101,13 +101,13 @@ async def new_workspace(service: WorkspaceService) -> str:
 async def assert_destroyed(service: WorkspaceService, provider: FakeProvider, workspace_id: str) -> None:
     """The record says destroyed and the runtime object is gone."""
     assert (await service.get(workspace_id)).status == "destroyed"
-    assert await provider.state(workspace_id) is SandboxState.MISSING
+    assert await provider.state(workspace_id) is WorkspaceState.MISSING
 
 
 async def assert_kept(service: WorkspaceService, provider: FakeProvider, workspace_id: str) -> None:
     """The record is still ready and the runtime object still runs."""
     assert (await service.get(workspace_id)).status == "ready"
-    assert await provider.state(workspace_id) is SandboxState.RUNNING
+    assert await provider.state(workspace_id) is WorkspaceState.RUNNING
 
 
 async def test_reaper_is_disabled_by_default(
@@ -218,8 +218,8 @@ async def test_warm_pool_workspaces_are_not_reaped(
 ) -> None:
     """Warm workspaces waiting in a pool are not in use, so neither the TTL nor the idle timeout applies to them."""
     pool = PoolSpec("gvisor", service.settings.base_image, service.default_limits(), "isolated", 2)
-    pools = WarmPools(service, [pool])
-    service.pools = pools
+    pools = WarmPools([pool])
+    service.attach_pools(pools)
     await pools.refill(pool.key)
     clock.advance(3600)
     assert await reaper(service, ttl_s=60, idle_s=60).sweep() == []

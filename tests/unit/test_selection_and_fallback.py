@@ -22,8 +22,12 @@ from corral.orchestrator.selection import SelectionInputs, fallback_chain, prefe
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import Capabilities, ResourceLimits, WorkspaceSpec
 from corral.providers.fake import FakeProvider
+from corral.providers.registry import KNOWN_PROVIDERS, ProviderEntry, register_provider
 from corral.settings import Settings
 from corral.store import ProviderAttempt, Store
+
+ISOLATION = {"docker": "container", "gvisor": "gvisor", "firecracker": "microvm"}
+"""What each real provider reports, for the fakes that stand in for them."""
 
 pytestmark = pytest.mark.unit
 
@@ -52,7 +56,7 @@ def inputs(
 
 def fakes(*names: str) -> dict[str, FakeProvider]:
     """In-memory providers named after the real backends, so auto selection considers them."""
-    return {name: FakeProvider(name) for name in names}
+    return {name: FakeProvider(name, isolation=ISOLATION.get(name, "none")) for name in names}
 
 
 def create_calls(provider: FakeProvider) -> list[str]:
@@ -530,8 +534,19 @@ async def test_the_service_knows_each_providers_isolation(build: Build) -> None:
     await service.probe_providers()
     assert (service.isolation_of("e2b"), service.isolation_of("gvisor"), service.isolation_of(None)) == (
         "remote",
-        "none",
+        "gvisor",
         None,
     )
     await service.probe_providers()
     assert sum(1 for method, _ in providers["gvisor"].calls if method == "capabilities") == 1
+
+
+async def test_a_registered_third_party_provider_joins_auto(build: Build, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider registered with an auto rank ahead of gVisor's is what auto picks for agent workspaces, and its MCP
+    rank behind gVisor's keeps gVisor first for MCP servers: by registration alone."""
+    monkeypatch.setitem(KNOWN_PROVIDERS, "acme", KNOWN_PROVIDERS["fake"])  # restored after the test
+    register_provider("acme", ProviderEntry("corral.providers.factories", "fake", auto_rank=5, mcp_rank=15))
+    providers = {**fakes("gvisor"), "acme": FakeProvider("acme", isolation="gvisor")}
+    service = await build(providers)
+    assert (await service.create(CreateWorkspace())).provider == "acme"
+    assert (await service.create(CreateWorkspace(container_type="mcp_server"))).provider == "gvisor"

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 def fakes() -> dict[str, FakeProvider]:
-    return {"gvisor": FakeProvider("gvisor"), "docker": FakeProvider("docker")}
+    return {
+        "gvisor": FakeProvider("gvisor", isolation="gvisor"),
+        "docker": FakeProvider("docker", isolation="container"),
+    }
 
 
 @pytest.fixture
@@ -67,7 +70,7 @@ async def test_a_matching_warm_workspace_is_assigned(agents: AgentService) -> No
     """A session whose workspace matches a warm pool gets a warm workspace instead of a new one."""
     service = agents.workspaces
     spec = PoolSpec("gvisor", service.settings.base_image, service.default_limits(), "isolated", size=1)
-    service.pools = WarmPools(service, [spec])
+    service.attach_pools(WarmPools([spec]))
     assert await service.pools.refill(spec.key) == 1
     agent_type = await agents.create_type("t", {"enabled": True})
     session = await agents.start(agent_type.id, TaskContext())

@@ -16,11 +16,15 @@ from corral.errors import InvalidRequestError
 from corral.orchestrator import pool as pool_module
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.pool import PoolSpec, WarmPools, pool_specs
+from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
-from corral.providers.base import ResourceLimits, SandboxState
+from corral.providers.base import ResourceLimits, WorkspaceState
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
 from corral.store import ProviderAttempt, Store, WorkspaceRecord
+
+ISOLATION = {"docker": "container", "gvisor": "gvisor", "firecracker": "microvm"}
+"""What each real provider reports, for the fakes that stand in for them."""
 
 pytestmark = pytest.mark.unit
 
@@ -76,7 +80,9 @@ def _no_environment_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def providers() -> dict[str, FakeProvider]:
     """Firecracker, gVisor and Docker fakes, all healthy."""
-    return {name: FakeProvider(name) for name in ("firecracker", "gvisor", "docker")}
+    return {
+        name: FakeProvider(name, isolation=ISOLATION.get(name, "none")) for name in ("firecracker", "gvisor", "docker")
+    }
 
 
 @pytest.fixture
@@ -109,8 +115,8 @@ def spec(
 
 async def filled(service: WorkspaceService, *specs: PoolSpec) -> WarmPools:
     """Attach pools for ``specs`` to the service and fill each one deterministically."""
-    pools = WarmPools(service, list(specs))
-    service.pools = pools
+    pools = WarmPools(list(specs))
+    service.attach_pools(pools)
     for key in pools.keys:
         await pools.refill(key)
     return pools
@@ -135,8 +141,8 @@ async def test_refill_creates_size_warm_workspaces_hidden_from_the_list(
 ) -> None:
     """Refill creates `size` ready workspaces on the pool's provider, tagged with the pool and not listed as in use."""
     pool = spec(service, size=3)
-    pools = WarmPools(service, [pool])
-    service.pools = pools
+    pools = WarmPools([pool])
+    service.attach_pools(pools)
     assert await pools.refill(pool.key) == 3
     waiting = await warm(service, pool.key)
     assert len(waiting) == 3
@@ -148,7 +154,7 @@ async def test_refill_creates_size_warm_workspaces_hidden_from_the_list(
 
 async def test_zero_size_pool_is_not_configured(service: WorkspaceService) -> None:
     """A pool spec of size 0 configures no pool."""
-    assert WarmPools(service, [spec(service, size=0)]).keys == []
+    assert WarmPools([spec(service, size=0)]).keys == []
 
 
 # --- handing out ---------------------------------------------------------------------------------------------------
@@ -185,7 +191,7 @@ async def test_warm_workspace_is_usable(service: WorkspaceService) -> None:
     await filled(service, pool)
     record = await service.create(CreateWorkspace())
     assert record.from_warm_pool
-    assert await service.runtime_state(record.id) is SandboxState.RUNNING
+    assert await service.runtime_state(record.id) is WorkspaceState.RUNNING
 
 
 async def test_warm_hit_records_providers_skipped_by_selection(
@@ -282,8 +288,8 @@ async def test_empty_pool_misses_and_cold_starts(
     """A matching pool with nothing in it is a "pool empty" miss, logged, and a cold start on the selected provider."""
     caplog.set_level(logging.INFO, logger=pool_module.__name__)
     pool = spec(service)
-    pools = WarmPools(service, [pool])  # never filled
-    service.pools = pools
+    pools = WarmPools([pool])  # never filled
+    service.attach_pools(pools)
     record = await service.create(CreateWorkspace())
     assert record.provider == "firecracker"
     assert record.from_warm_pool is False
@@ -308,7 +314,7 @@ async def test_concurrent_creates_never_share_a_warm_workspace(
     assert status["hits"] == len(from_pool)
     assert status["hits"] + status["misses"] == 5
     for record in records:
-        assert await providers["firecracker"].state(record.id) is SandboxState.RUNNING
+        assert await providers["firecracker"].state(record.id) is WorkspaceState.RUNNING
         assert (await service.get(record.id)).pool_key is None
 
 
@@ -340,7 +346,7 @@ async def test_when_every_warm_workspace_died_a_live_one_is_still_returned(
     record = await service.create(CreateWorkspace())
     assert record.id not in {d.id for d in dead}
     assert record.provider == "firecracker"
-    assert await providers["firecracker"].state(record.id) is SandboxState.RUNNING
+    assert await providers["firecracker"].state(record.id) is WorkspaceState.RUNNING
     for gone in dead:
         assert (await service.get(gone.id)).status == "destroyed"
 
@@ -415,7 +421,7 @@ async def test_close_with_drain_also_removes_a_workspace_still_being_created(
     [half_made] = await service.store.workspaces.list(status="creating", pool_key=pool.key)
     await pools.close(drain=True)
     assert (await service.get(half_made.id)).status == "destroyed"
-    assert await providers["firecracker"].state(half_made.id) is SandboxState.MISSING
+    assert await providers["firecracker"].state(half_made.id) is WorkspaceState.MISSING
     assert await warm(service, pool.key) == []
     assert not refills_running()
 
@@ -433,10 +439,18 @@ async def test_close_without_drain_keeps_warm_workspaces(service: WorkspaceServi
 # --- pool_specs: the default pool and CORRAL_WARM_POOLS -----------------------------------------------------------
 
 
+def _specs(config: Settings, service: WorkspaceService) -> list[PoolSpec]:
+    """pool_specs as the app calls it: the default pool from what auto selection picks now."""
+    choice, _ = fallback_chain(
+        SelectionInputs.of(config, service.providers), "agent_workspace", service.health.healthy()
+    )
+    return pool_specs(config, default_provider=next(iter(choice), None), configured=service.providers)
+
+
 def default_pools(service: WorkspaceService, **settings: Any) -> list[PoolSpec]:
     """pool_specs for the service's providers with these settings."""
     config = service.settings.model_copy(update=settings)
-    return pool_specs(config, service)
+    return _specs(config, service)
 
 
 async def test_default_pool_uses_the_auto_choice(service: WorkspaceService) -> None:
@@ -485,7 +499,7 @@ async def test_warm_pools_json_is_read_from_the_environment(
     ]
     monkeypatch.setenv("CORRAL_WARM_POOLS", json.dumps(extra))
     settings = Settings(data_dir=tmp_path, warm_pool_size=0, allow_docker_fallback=True)
-    gvisor, docker = pool_specs(settings, service)
+    gvisor, docker = _specs(settings, service)
     assert gvisor == PoolSpec(
         "gvisor",
         "corral/workspace:python",

@@ -23,21 +23,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from corral.credentials import SplitURL, redact_text, split_url
-from corral.errors import CorralError, ExecTimeoutError
-from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, WorkspaceProvider
+from corral.errors import CheckoutError, CorralError, ExecTimeoutError
+from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, WorkspaceCalls
 
-__all__ = ["CheckoutError", "RepoRef", "checkout", "split_credentials"]
+__all__ = ["RepoRef", "checkout", "split_credentials"]
 
 CLONE_TIMEOUT_S = 600.0
 COMMIT_IDENTITY = {"user.name": "Corral Agent", "user.email": "agent@corral.invalid"}
 _ARCHIVE = "/tmp/.corral-checkout.tar"  # noqa: S108 - a path inside the workspace's sandbox, not on the host
-
-
-class CheckoutError(CorralError):
-    """The repository could not be checked out; the message says why (bad URL, missing branch, auth)."""
-
-    code = "checkout_failed"
-    http_status = 422
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +114,7 @@ async def _tar_stream(directory: str) -> AsyncIterator[bytes]:
 
 
 async def checkout(
-    provider: WorkspaceProvider, workspace_id: str, repo: RepoRef, *, timeout_s: float = CLONE_TIMEOUT_S
+    provider: WorkspaceCalls, workspace_id: str, repo: RepoRef, *, timeout_s: float = CLONE_TIMEOUT_S
 ) -> str:
     """Clone ``repo`` on the host and unpack it into ``/workspace``; returns the checked-out commit.
 

@@ -1,4 +1,4 @@
-"""An agent type's workspace configuration (seed 001): what every session of that type starts with.
+"""An agent type's workspace configuration: what every session of that type starts with.
 
 ``parse_workspace_config`` validates the API's JSON and reports every problem at once (one 400 that names each
 invalid tool with the valid list, each malformed limit, an unknown repo source, a fixed source without url...). A new

@@ -33,7 +33,7 @@ from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from corral.agents.checkout import CheckoutError, RepoRef, checkout
+from corral.agents.checkout import RepoRef, checkout
 from corral.agents.config import (
     RepoSource,
     WorkspaceConfig,
@@ -43,7 +43,6 @@ from corral.agents.config import (
 )
 from corral.credentials import (
     MASK,
-    CredentialUnavailableError,
     SecretBox,
     clean_url,
     has_credentials,
@@ -51,16 +50,25 @@ from corral.credentials import (
     redact_url,
 )
 from corral.errors import (
+    AgentTypeNotFoundError,
+    CheckoutError,
     CorralError,
+    CredentialUnavailableError,
     ExecTimeoutError,
     InvalidRequestError,
+    NoWorkspaceError,
     ProviderNotFoundError,
-    SandboxNotFoundError,
+    SessionDegradedError,
+    SessionNotFoundError,
+    SessionStateError,
+    ToolNotAllowedError,
+    UnknownToolError,
+    WorkspaceNotFoundError,
 )
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
 from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
-from corral.tools import Toolbox, ToolNotAllowedError, UnknownToolError, check_tool_allowed, summarize_arguments
+from corral.tools import Toolbox, check_tool_allowed, summarize_arguments
 
 __all__ = ["NOT_RETRIED", "AgentService", "TaskContext"]
 
@@ -280,7 +288,7 @@ class AgentService:
             url = task.get("repository_url") if isinstance(task, Mapping) else None
             if isinstance(task, Mapping) and isinstance(url, str) and clean_url(url) != url:
                 metadata = {**workspace.metadata, "task": {**task, "repository_url": clean_url(url)}}
-                await self.store.workspaces.update(workspace.id, metadata=metadata)
+                await self.workspaces.set_metadata(workspace.id, metadata)
                 changed += 1
         if changed:
             log.warning("masked or sealed credentials stored in clear by an older version in %d row(s)", changed)
@@ -349,7 +357,7 @@ class AgentService:
             if record.status != "destroyed":
                 log.info("reclaiming workspace %s of an interrupted provisioning", workspace_id)
                 await self.workspaces.discard(workspace_id)
-        except SandboxNotFoundError:
+        except WorkspaceNotFoundError:
             pass
         except CorralError as exc:  # provisioning goes on; the reaper or the next reconciliation retries this one
             log.warning("could not reclaim workspace %s: %s", workspace_id, exc.message)
@@ -386,7 +394,7 @@ class AgentService:
                 await job
             session = await self.get(session_id)
         if session.workspace_id is not None:
-            with contextlib.suppress(SandboxNotFoundError):
+            with contextlib.suppress(WorkspaceNotFoundError):
                 await self.workspaces.destroy(session.workspace_id)
         if session.status == "ended":
             return session
@@ -442,8 +450,8 @@ class AgentService:
             raise SessionDegradedError(
                 f"session {session_id} has no workspace: {session.degraded_reason or 'provisioning failed'}"
             )
-        provider = await self.workspaces.provider_of(session.workspace_id)
-        return Toolbox(provider, session.workspace_id, session_id=session_id)
+        await self.workspaces.ensure_ready(session.workspace_id)
+        return Toolbox(self.workspaces.runtime, session.workspace_id, session_id=session_id)
 
     async def audit(self, session_id: str) -> list[AuditEntry]:
         """The session's tool calls, oldest first."""
@@ -483,7 +491,7 @@ class AgentService:
                 # Recorded at once, so that a server killed from here on finds (and reclaims) it when it restarts.
                 await self.store.sessions.update(session_id, workspace_id=workspace_id)
                 if repo is not None and config.checkout_on_start:
-                    await checkout(await self.workspaces.provider_of(workspace_id), workspace_id, repo)
+                    await checkout(self.workspaces.runtime, workspace_id, repo)
                 warnings = [redact_text(w) for w in await self._run_setup(workspace_id, config)]
             except Exception as exc:
                 message = redact_text(exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}")
@@ -508,7 +516,7 @@ class AgentService:
                 raise
             if warnings:
                 await self.store.sessions.add_warnings(session_id, *warnings)
-                await self.store.workspaces.add_warnings(workspace_id, *warnings)
+                await self.workspaces.add_warnings(workspace_id, *warnings)
             await self._finish(session_id, status="active", workspace_id=workspace_id)
             return
         await self._fail(session_id, failures, retried=len(failures) > 1)
@@ -563,41 +571,6 @@ class AgentService:
                     f"setup command {command!r} failed with exit code {result.exit_code}{rest}. Output tail: {tail}"
                 ]
         return []
-
-
-class AgentTypeNotFoundError(CorralError, LookupError):
-    """No agent type with that id."""
-
-    code = "agent_type_not_found"
-    http_status = 404
-
-
-class SessionNotFoundError(CorralError, LookupError):
-    """No session with that id."""
-
-    code = "session_not_found"
-    http_status = 404
-
-
-class NoWorkspaceError(CorralError):
-    """The session's agent type has no workspace, so there are no tools to call."""
-
-    code = "no_workspace"
-    http_status = 404
-
-
-class SessionStateError(CorralError):
-    """The session cannot take tool calls now (provisioning, ended)."""
-
-    code = "session_state_conflict"
-    http_status = 409
-
-
-class SessionDegradedError(CorralError):
-    """The session runs without its workspace (provisioning failed); the message says why."""
-
-    code = "session_degraded"
-    http_status = 409
 
 
 def _in_clear(url: str | None) -> bool:

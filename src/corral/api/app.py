@@ -35,6 +35,7 @@ from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.pool import WarmPools, pool_specs
 from corral.orchestrator.reaper import Reaper
 from corral.orchestrator.reconcile import reconcile
+from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.orchestrator.service import WorkspaceService
 from corral.providers.base import WorkspaceProvider
 from corral.providers.registry import build_provider
@@ -97,12 +98,13 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             providers if providers is not None else {n: build_provider(n, settings) for n in settings.provider_names()}
         )
         monitor = HealthMonitor(built, settings.health_interval_s)
-        service = WorkspaceService(settings, store, built, monitor)
         await monitor.check_all()
+        # The default pool holds what auto selection picks now for an agent workspace.
+        choice, _ = fallback_chain(SelectionInputs.of(settings, built), "agent_workspace", monitor.healthy())
+        pools = WarmPools(pool_specs(settings, default_provider=next(iter(choice), None), configured=built))
+        service = WorkspaceService(settings, store, built, monitor, pools=pools)
         await service.probe_providers()  # isolation and host size, so answers name their isolation at once
-        pools = WarmPools(service, pool_specs(settings, service))
         await reconcile(service, pool_keys=pools.keys)
-        service.pools = pools
         disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
         reaper = Reaper(
             service,

@@ -145,7 +145,7 @@ class ProviderAttempt(BaseModel):
 
 
 class WorkspaceModel(BaseModel):
-    """The workspace JSON of DESIGN.md."""
+    """A workspace as every workspace route answers it."""
 
     id: str
     status: str

@@ -1,4 +1,4 @@
-"""``/api/v1/agent/workspaces``: create, inspect and operate workspaces (DESIGN.md's Workspaces section).
+"""``/api/v1/agent/workspaces``: create, inspect and operate workspaces (the README's "HTTP API").
 
 Each route declares the error statuses its work can end in; 400 for invalid input, 401 and 413 are added to the
 OpenAPI document by :mod:`corral.api.openapi`. Every workspace answer names its ``isolation``.
@@ -6,7 +6,6 @@ OpenAPI document by :mod:`corral.api.openapi`. Every workspace answer names its 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -33,6 +32,7 @@ from corral.errors import ExecTimeoutError, InvalidRequestError
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ResourceLimits
 from corral.store import WorkspaceRecord
+from corral.streams import relay
 
 __all__ = ["router"]
 
@@ -173,16 +173,7 @@ async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -
 )
 async def read_file(workspace_id: str, path: PathQuery, service: ServiceDep) -> OctetStreamResponse:
     """The file's raw bytes, streamed."""
-    chunks = await service.read_file(workspace_id, path)
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
-
-    return OctetStreamResponse(body())
+    return OctetStreamResponse(relay(await service.read_file(workspace_id, path)))
 
 
 @router.put(

@@ -9,10 +9,14 @@ Example::
             result = await ws.exec("echo hi")
             await ws.files.write("notes/todo.txt", "ship it\\n")
 
-Errors the server reports come back as Corral's typed errors (``SandboxNotFoundError``, ``ToolNotAllowedError``,
-``ProviderUnavailableError``...), mapped from the API's error codes through one table (:data:`ERROR_CODES`); they are
-re-exported here, so ``from corral.client import SandboxNotFoundError`` works.
+Errors the server reports come back as Corral's typed errors (``WorkspaceNotFoundError``, ``ToolNotAllowedError``,
+``ProviderUnavailableError``...), mapped from the API's error codes through one table (:data:`ERROR_CODES`); every
+class of :mod:`corral.errors` is re-exported here, so ``from corral.client import WorkspaceNotFoundError`` works.
+The old names ``SandboxNotFoundError`` and ``SandboxDestroyedError`` still work for one release, with a
+:class:`DeprecationWarning`.
 """
+
+from typing import Any
 
 from corral.client._api import DEFAULT_URL
 from corral.client._async import (
@@ -52,26 +56,39 @@ from corral.client._models import (
 )
 from corral.client._sync import AgentTypes, Corral, Files, Session, Sessions, Tools, Workspace, Workspaces
 from corral.errors import (
+    AgentTypeNotFoundError,
     AllProvidersFailedError,
+    CheckoutError,
     CorralError,
+    CredentialUnavailableError,
     ExecTimeoutError,
     FileOperationError,
     InvalidRequestError,
+    NoWorkspaceError,
+    ProviderNotAllowedError,
     ProviderNotFoundError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    SessionDegradedError,
+    SessionNotFoundError,
+    SessionStateError,
     ToolError,
+    ToolNotAllowedError,
+    TooManyRequestsError,
+    UnknownToolError,
+    WorkspaceBrokenError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
+    _deprecated,
 )
-from corral.tools.errors import ToolNotAllowedError, UnknownToolError
 
 __all__ = [
     "DEFAULT_URL",
     "ERROR_CODES",
     "AgentType",
+    "AgentTypeNotFoundError",
     "AgentTypes",
     "AllProvidersFailedError",
     "AsyncAgentTypes",
@@ -85,10 +102,12 @@ __all__ = [
     "AuditEntry",
     "AuthenticationError",
     "BashResult",
+    "CheckoutError",
     "Corral",
     "CorralConnectionError",
     "CorralError",
     "CorralTimeoutError",
+    "CredentialUnavailableError",
     "ExecResult",
     "ExecTimeoutError",
     "FileInfo",
@@ -99,27 +118,39 @@ __all__ = [
     "GrepMatch",
     "GrepResult",
     "InvalidRequestError",
+    "NoWorkspaceError",
     "PoolReport",
     "PoolStatus",
     "ProviderAttempt",
+    "ProviderNotAllowedError",
     "ProviderNotFoundError",
     "ProviderStatus",
     "ProviderUnavailableError",
     "ReadResult",
     "ResourceLimitError",
-    "SandboxDestroyedError",
-    "SandboxNotFoundError",
     "Session",
+    "SessionDegradedError",
     "SessionInfo",
+    "SessionNotFoundError",
+    "SessionStateError",
     "Sessions",
+    "TooManyRequestsError",
     "ToolError",
     "ToolNotAllowedError",
     "Tools",
     "UnknownToolError",
     "Workspace",
+    "WorkspaceBrokenError",
+    "WorkspaceDestroyedError",
     "WorkspaceFileNotFoundError",
     "WorkspaceInfo",
+    "WorkspaceNotFoundError",
     "WorkspaceStateError",
     "Workspaces",
     "error_class",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The deprecated error names (``SandboxNotFoundError``...), with a DeprecationWarning."""
+    return _deprecated(__name__, name)

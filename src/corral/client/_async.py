@@ -52,7 +52,7 @@ class AsyncCorral:
 
     ``base_url`` and ``token`` default to ``CORRAL_URL`` (else ``http://127.0.0.1:8000``) and ``CORRAL_API_TOKEN``
     (else the token file a local ``corral serve`` wrote). Errors the server reports are raised as Corral's typed
-    errors (``SandboxNotFoundError``, ``ToolNotAllowedError``...), an unreachable server as
+    errors (``WorkspaceNotFoundError``, ``ToolNotAllowedError``...), an unreachable server as
     ``CorralConnectionError``.
 
     Example::
@@ -200,7 +200,7 @@ class AsyncWorkspaces:
             The workspace, described as the server sees it now.
 
         Raises:
-            SandboxNotFoundError: No workspace has that id.
+            WorkspaceNotFoundError: No workspace has that id.
         """
         return AsyncWorkspace(self._client, await self._client._call(_api.get_workspace(workspace_id)))
 
@@ -272,7 +272,7 @@ class AsyncWorkspace:
 
         Raises:
             WorkspaceStateError: The workspace is stopped.
-            SandboxDestroyedError: The workspace was destroyed.
+            WorkspaceDestroyedError: The workspace was destroyed.
         """
         op = _api.exec_command(self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s)
         return await self._client._call(op)

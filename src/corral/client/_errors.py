@@ -1,9 +1,10 @@
 """The API's error codes mapped back to Corral's typed errors, through one table.
 
 The server sends ``{"error": {"code", "message", "details"}}``; :func:`error_from_response` raises the class whose
-``code`` it is, with the server's message and details unchanged, so ``except SandboxNotFoundError`` (or ``except
-LookupError``) works the same on both sides of the wire. Codes the table does not know become a plain
-:class:`~corral.errors.CorralError` whose ``code`` and ``http_status`` are the server's.
+``code`` it is, with the server's message and details unchanged, so ``except WorkspaceNotFoundError`` (or ``except
+LookupError``) works the same on both sides of the wire. Every class comes from :mod:`corral.errors`, which imports
+nothing of the server. Codes the table does not know become a plain :class:`~corral.errors.CorralError` whose
+``code`` and ``http_status`` are the server's.
 
 Three errors exist only on the client side::
 
@@ -15,29 +16,38 @@ Three errors exist only on the client side::
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
 from corral.errors import (
+    AgentTypeNotFoundError,
     AllProvidersFailedError,
+    CheckoutError,
     CorralError,
+    CredentialUnavailableError,
     ExecTimeoutError,
     FileOperationError,
     InvalidRequestError,
+    NoWorkspaceError,
     ProviderNotAllowedError,
     ProviderNotFoundError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    SessionDegradedError,
+    SessionNotFoundError,
+    SessionStateError,
     ToolError,
+    ToolNotAllowedError,
+    TooManyRequestsError,
+    UnknownToolError,
+    WorkspaceBrokenError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.tools.errors import ToolNotAllowedError, UnknownToolError
 
 __all__ = [
     "ERROR_CODES",
@@ -71,34 +81,37 @@ class AuthenticationError(CorralError, PermissionError):
     http_status = 401
 
 
-# code -> class. The agent-side errors are named as "module:Class" and imported on first use: their modules pull in
-# the whole server (store, orchestrator), which a client should not pay for at import time.
-ERROR_CODES: Mapping[str, type[CorralError] | str] = {
-    # corral.errors: the provider contract
+# code -> class, for every code the server sends with a class of its own; the rest (``not_found`` for an unknown
+# route, ``method_not_allowed``, ``payload_too_large``, ``http_error``) come back as a plain CorralError.
+ERROR_CODES: Mapping[str, type[CorralError]] = {
     "internal_error": CorralError,
+    # workspaces and their providers
     "invalid_request": InvalidRequestError,
     "provider_not_found": ProviderNotFoundError,
     "provider_not_allowed": ProviderNotAllowedError,
     "provider_unavailable": ProviderUnavailableError,
     "all_providers_failed": AllProvidersFailedError,
-    "workspace_not_found": SandboxNotFoundError,
-    "workspace_destroyed": SandboxDestroyedError,
+    "workspace_not_found": WorkspaceNotFoundError,
+    "workspace_destroyed": WorkspaceDestroyedError,
     "workspace_state_conflict": WorkspaceStateError,
+    "workspace_broken": WorkspaceBrokenError,
+    "too_many_requests": TooManyRequestsError,
     "exec_timeout": ExecTimeoutError,
     "resource_limit": ResourceLimitError,
     "file_operation_failed": FileOperationError,
     "file_not_found": WorkspaceFileNotFoundError,
+    # agent tools and their policy
     "tool_error": ToolError,
-    # corral.tools: the tool policy
     "tool_not_allowed": ToolNotAllowedError,
     "unknown_tool": UnknownToolError,
-    # corral.agents: agent types and sessions
-    "agent_type_not_found": "corral.agents.sessions:AgentTypeNotFoundError",
-    "session_not_found": "corral.agents.sessions:SessionNotFoundError",
-    "no_workspace": "corral.agents.sessions:NoWorkspaceError",
-    "session_state_conflict": "corral.agents.sessions:SessionStateError",
-    "session_degraded": "corral.agents.sessions:SessionDegradedError",
-    "checkout_failed": "corral.agents.checkout:CheckoutError",
+    # agent types and sessions
+    "agent_type_not_found": AgentTypeNotFoundError,
+    "session_not_found": SessionNotFoundError,
+    "no_workspace": NoWorkspaceError,
+    "session_state_conflict": SessionStateError,
+    "session_degraded": SessionDegradedError,
+    "checkout_failed": CheckoutError,
+    "credential_unavailable": CredentialUnavailableError,
     # the HTTP layer and this client
     "unauthorized": AuthenticationError,
 }
@@ -109,12 +122,7 @@ _DETAIL_ATTRIBUTES = ("provider", "reason", "tool")
 
 def error_class(code: str) -> type[CorralError] | None:
     """The class for an API error code, or None when the table does not know it."""
-    entry = ERROR_CODES.get(code)
-    if entry is None or isinstance(entry, type):
-        return entry
-    module, _, name = entry.partition(":")
-    cls: type[CorralError] = getattr(importlib.import_module(module), name)
-    return cls
+    return ERROR_CODES.get(code)
 
 
 def _rebuild(cls: type[CorralError], message: str, details: dict[str, Any]) -> CorralError:

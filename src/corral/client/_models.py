@@ -1,4 +1,4 @@
-"""What the API answers, as frozen values (the JSON shapes of DESIGN.md's HTTP API v1).
+"""What the API answers, as frozen values (the JSON shapes of the HTTP API v1; the README's "HTTP API").
 
 Each value keeps the JSON it came from in ``raw`` (left out of ``repr`` and equality), so fields a newer server adds
 are reachable before this client learns their names.

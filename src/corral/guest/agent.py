@@ -315,9 +315,17 @@ class Agent:
                     else:
                         poller.unregister(fd)
                         del fds[fd]
+            # Its output is over; the command itself may still be exiting (or run on with its pipes closed): wait
+            # for it, within its deadline.
+            while True:
+                try:
+                    code = proc.wait(None if deadline is None or timed_out else max(deadline - time.monotonic(), 0))
+                    break
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    kill_group(proc)
             # The command is over: nothing it left in its process group keeps running (fork bombs, stray jobs).
             kill_group(proc)
-            code = proc.wait()
         finally:
             self.procs.pop(rid, None)
             self.streams.pop(rid, None)

@@ -32,7 +32,7 @@ import itertools
 import json
 import logging
 import struct
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from typing import Any, NoReturn, Protocol
 
 from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
@@ -335,8 +335,8 @@ class GuestConnection:
                 with contextlib.suppress(Exception):
                     await self._kill(rid)
 
-    async def open_read(self, path: str, **args: Any) -> AsyncIterator[bytes]:
-        """Open ``path`` for reading: path errors are raised now; returns the chunk iterator."""
+    async def open_read(self, path: str, **args: Any) -> AsyncGenerator[bytes]:
+        """Open ``path`` for reading: path errors are raised now; returns the chunks (close early to stop the read)."""
         rid, request = self._open(streaming=True)
         try:
             await self._send({"id": rid, "op": "read", "path": path, **args})
@@ -346,7 +346,7 @@ class GuestConnection:
             raise
         return self._chunks(rid, request)
 
-    async def _chunks(self, rid: int, request: _Request) -> AsyncIterator[bytes]:
+    async def _chunks(self, rid: int, request: _Request) -> AsyncGenerator[bytes]:
         finished = False
         try:
             while True:

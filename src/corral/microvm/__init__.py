@@ -11,9 +11,10 @@
 ``guest_init``     PID 1 inside the VM (stdlib only): mounts, network from ``ip=``, the agent on vsock port 1024
 ``manager``        the registry of VMs: limits, warm pool, persistence, health
 ``server``         the manager's HTTP API (FastAPI), standalone or in-process
-``fake_firecracker``  a test double of the firecracker binary that enforces its API (no KVM needed)
-``testing``        helpers for tests: network namespaces, host leftover checks, a manager over the double
 =================  ==================================================================================================
+
+The test double of the firecracker binary and the helpers for testing this package live in :mod:`corral.testing`
+(``corral.testing.firecracker``, ``corral.testing.microvm``).
 """
 
 from __future__ import annotations

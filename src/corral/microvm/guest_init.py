@@ -15,7 +15,7 @@ The rootfs builder (:mod:`corral.microvm.rootfs`) installs this file as ``/sbin/
 5. reaps orphans, and on SIGINT/SIGTERM stops every process, syncs, remounts ``/`` read-only and reboots (which
    ends the Firecracker process, as the guest is booted with ``reboot=k``).
 
-Emulated guests (the test double :mod:`corral.microvm.fake_firecracker`, which cannot boot a kernel) set
+Emulated guests (the test double :mod:`corral.testing.firecracker`, which cannot boot a kernel) set
 ``CORRAL_GUEST_EMULATED=1``, pass the command line in ``CORRAL_CMDLINE`` and ask for Unix sockets under
 ``CORRAL_VSOCK_UDS_DIR`` instead of AF_VSOCK. In that mode the init never touches anything the host shares with
 it: no hostname, no network configuration (it shares the double's network namespace), a private ``/dev`` with

@@ -10,7 +10,7 @@ It runs in-process under ``corral serve`` (when ``CORRAL_FIRECRACKER_MANAGER_URL
 * a TAP device, a /30 and iptables rules (:mod:`corral.microvm.network`);
 * while running, one Firecracker process (:mod:`corral.microvm.vm`).
 
-Lifecycle (seed 004): ``create`` refuses with the readiness probe's reason ("KVM not available: ...") when the host
+Lifecycle: ``create`` refuses with the readiness probe's reason ("KVM not available: ...") when the host
 cannot run microVMs; otherwise takes a disk from the warm pool (or clones the base rootfs, copy-on-write, grown to
 the requested size), sets up the network and boots with ``vcpu_count = ceil(cpu)`` and ``mem_size_mib`` from the
 limits. ``stop`` shuts the VM down (Ctrl-Alt-Del, up to 5 s, then kill) and keeps disk, network and metadata;
@@ -45,7 +45,7 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.microvm import disks
@@ -53,7 +53,7 @@ from corral.microvm.network import DEFAULT_SUBNET, HostNetwork, Lease, NetworkCo
 from corral.microvm.readiness import Readiness, ReadinessConfig, probe
 from corral.microvm.vm import SHUTDOWN_GRACE_S, MicroVM, VMSpec
 from corral.microvm.vsock import AGENT_PORT
-from corral.providers.base import NetworkMode, parse_size
+from corral.values import NetworkMode, parse_size
 
 if TYPE_CHECKING:
     from corral.settings import Settings
@@ -426,12 +426,12 @@ class FirecrackerManager:
         """The VM's record, its state refreshed (a VM whose process died is reported stopped).
 
         Raises:
-            SandboxNotFoundError: no such VM.
+            WorkspaceNotFoundError: no such VM.
         """
         await self.start()
         record = self.vms.get(vm_id)
         if record is None:
-            raise SandboxNotFoundError(f"workspace {vm_id} does not exist", details={"id": vm_id})
+            raise WorkspaceNotFoundError(f"workspace {vm_id} does not exist", details={"id": vm_id})
         self._refresh(record)
         return record
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from corral.errors import CorralError, ResourceLimitError
-from corral.providers.base import NetworkMode
+from corral.values import NetworkMode
 
 __all__ = [
     "DEFAULT_SUBNET",

@@ -52,7 +52,7 @@ KVM_API_VERSION = 12
 """The only KVM API version Firecracker (and every other VMM) accepts."""
 
 NOT_AVAILABLE_PREFIX = "KVM not available: "
-"""How every "not usable" reason begins; the orchestrator and seed 004 key on it."""
+"""How every "not usable" reason begins; callers key on it."""
 
 REQUIRED_EXTENSIONS: dict[str, tuple[tuple[str, int], ...]] = {
     # The capabilities Firecracker checks at start-up (vmm/src/vstate/kvm.rs), numbers from <linux/kvm.h>.

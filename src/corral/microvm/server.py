@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.errors import CorralError
 from corral.microvm.manager import CreateVM, FirecrackerManager, config_from_settings
-from corral.providers.base import ResourceLimits
+from corral.values import ResourceLimits
 
 if TYPE_CHECKING:
     from corral.settings import Settings

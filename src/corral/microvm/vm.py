@@ -16,7 +16,7 @@ reboots, which ends the Firecracker process), then kills the process. The proces
 ``<workdir>/firecracker.log``, whose tail is quoted in boot errors.
 
 On hosts that cannot boot a VM (Corral's CI: PVM KVM, no firecracker binary) this module is exercised with
-``firecracker_cmd`` pointing at :mod:`corral.microvm.fake_firecracker`, which enforces the same API.
+``firecracker_cmd`` pointing at :mod:`corral.testing.firecracker`, which enforces the same API.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import logging
 from corral.errors import CorralError
 from corral.orchestrator._periodic import Periodic
 from corral.orchestrator.service import WorkspaceService
-from corral.providers.base import DiskUsageReporter, ResourceLimits, format_size
+from corral.values import ResourceLimits, format_size
 
 __all__ = ["DiskWatcher"]
 
@@ -33,18 +33,19 @@ class DiskWatcher:
         """Check every ready workspace now; returns the ids that got a new warning."""
         warned: list[str] = []
         for record in await self.service.store.workspaces.list(status="ready"):
-            provider: object = self.service.providers.get(record.provider or "")
-            if not isinstance(provider, DiskUsageReporter) or record.pool_key is not None:
+            if record.pool_key is not None:
                 continue
             try:
                 # Bounded: a stuck workspace (its agent stopped) must not hold up the checks of the others.
-                used = await asyncio.wait_for(provider.disk_usage(record.id), CHECK_TIMEOUT_S)
+                used = await asyncio.wait_for(self.service.disk_usage(record.id), CHECK_TIMEOUT_S)
             except (CorralError, TimeoutError) as exc:
                 log.debug("disk check of %s skipped: %s", record.id, exc)
                 continue
             except Exception:  # what a workspace answers is not trusted; one bad answer must not end the sweep
                 log.exception("disk check of %s failed", record.id)
                 continue
+            if used is None:
+                continue  # its provider enforces the limit (or has none to watch)
             limit = ResourceLimits.parse(record.resource_limits).disk_bytes
             if used < self.warn_ratio * limit:
                 continue
@@ -55,7 +56,7 @@ class DiskWatcher:
             if any(w.startswith("disk usage") for w in record.warnings):
                 continue
             log.warning("workspace %s: %s", record.id, warning)
-            await self.service.store.workspaces.add_warnings(record.id, warning)
+            await self.service.add_warnings(record.id, warning)
             warned.append(record.id)
         return warned
 

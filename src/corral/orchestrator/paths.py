@@ -14,7 +14,7 @@ from __future__ import annotations
 import posixpath
 
 from corral.errors import InvalidRequestError
-from corral.providers.base import WORKSPACE_ROOT, WorkspaceProvider, check_path
+from corral.providers.base import WORKSPACE_ROOT, WorkspaceCalls, check_path
 
 __all__ = ["confine", "lexically_confined"]
 
@@ -36,7 +36,7 @@ def lexically_confined(path: str, *, field_name: str = "path") -> str:
     return absolute
 
 
-async def confine(provider: WorkspaceProvider, workspace_id: str, path: str, *, field_name: str = "path") -> str:
+async def confine(provider: WorkspaceCalls, workspace_id: str, path: str, *, field_name: str = "path") -> str:
     """Like :func:`lexically_confined`, and the path with its symlinks resolved must stay inside too."""
     absolute = lexically_confined(path, field_name=field_name)
     if absolute == WORKSPACE_ROOT:

@@ -1,4 +1,4 @@
-"""Warm pools: ready workspaces created ahead of requests, handed out in milliseconds (seed 000).
+"""Warm pools: ready workspaces created ahead of requests, handed out in milliseconds.
 
 A pool is keyed by everything that shapes a workspace: provider, image, limits and network. A warm workspace is an
 ordinary workspace record with ``pool_key`` set; handing it out is one atomic claim in the store
@@ -14,19 +14,17 @@ import asyncio
 import collections
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from corral.errors import CorralError, InvalidRequestError
-from corral.providers.base import DeathWatcher, ResourceLimits, WorkspaceSpec
-from corral.store import UNSET, ProviderAttempt, Unset, WorkspaceRecord
+from corral.providers.registry import KNOWN_PROVIDERS
+from corral.settings import Settings
+from corral.store import UNSET, ProviderAttempt, Unset, WorkspaceRecord, WorkspaceStatus
+from corral.values import ResourceLimits
 
-if TYPE_CHECKING:
-    from corral.orchestrator.service import WorkspaceService
-    from corral.settings import Settings
-
-__all__ = ["Claim", "PoolSpec", "WarmPools", "pool_specs"]
+__all__ = ["Claim", "PoolBackend", "PoolSpec", "WarmPools", "pool_specs"]
 
 log = logging.getLogger(__name__)
 FILL_CONCURRENCY = 2
@@ -56,17 +54,17 @@ def pool_key(provider: str, image: str, limits: ResourceLimits, network: str) ->
     return "|".join((provider, image, shape["cpu"], shape["memory"], shape["disk"], network))
 
 
-def pool_specs(settings: Settings, service: WorkspaceService) -> list[PoolSpec]:
-    """The default pool (the provider auto selection picks now for an agent workspace) and CORRAL_WARM_POOLS.
+def pool_specs(settings: Settings, *, default_provider: str | None, configured: Collection[str]) -> list[PoolSpec]:
+    """The default pool (of ``default_provider``, what auto selection picks now for an agent workspace) and
+    CORRAL_WARM_POOLS (each naming one of the ``configured`` providers).
 
     Raises:
         InvalidRequestError: CORRAL_WARM_POOLS is not a JSON list of valid pool objects.
     """
-    defaults = service.default_limits()
+    defaults = settings.default_limits()
     specs = []
-    try_order, _ = service.plan("auto", "agent_workspace")
-    if settings.warm_pool_size > 0 and try_order:
-        specs.append(PoolSpec(try_order[0], settings.base_image, defaults, "isolated", settings.warm_pool_size))
+    if settings.warm_pool_size > 0 and default_provider is not None:
+        specs.append(PoolSpec(default_provider, settings.base_image, defaults, "isolated", settings.warm_pool_size))
     elif settings.warm_pool_size > 0:
         log.warning("no healthy provider for the default warm pool; it stays empty")
     try:
@@ -75,19 +73,22 @@ def pool_specs(settings: Settings, service: WorkspaceService) -> list[PoolSpec]:
         raise InvalidRequestError(f"CORRAL_WARM_POOLS: not valid JSON: {exc}") from exc
     if not isinstance(extra, list):
         raise InvalidRequestError("CORRAL_WARM_POOLS: must be a JSON list of pool objects")
-    specs += [_parse_pool(raw, f"CORRAL_WARM_POOLS[{index}]", settings, service) for index, raw in enumerate(extra)]
+    specs += [_parse_pool(raw, f"CORRAL_WARM_POOLS[{index}]", settings, configured) for index, raw in enumerate(extra)]
     return specs
 
 
-def _parse_pool(raw: object, where: str, settings: Settings, service: WorkspaceService) -> PoolSpec:
+def _parse_pool(raw: object, where: str, settings: Settings, configured: Collection[str]) -> PoolSpec:
     allowed = {"provider", "image", "resource_limits", "network", "size"}
     if not isinstance(raw, dict) or not set(raw) <= allowed or "provider" not in raw:
         raise InvalidRequestError(f"{where}: needs 'provider' and may have {', '.join(sorted(allowed))}")
     provider, image = raw["provider"], raw.get("image", settings.base_image)
-    if not isinstance(provider, str) or provider not in service.providers:
+    if not isinstance(provider, str) or provider not in configured:
         raise InvalidRequestError(f"{where}: provider {provider!r} is not configured")
-    if provider == "docker" and not settings.allow_docker_fallback:  # no request could ever claim one
-        raise InvalidRequestError(f"{where}: provider 'docker' is not allowed unless CORRAL_ALLOW_DOCKER_FALLBACK=true")
+    entry = KNOWN_PROVIDERS.get(provider)
+    if entry is not None and entry.reduced_isolation and not settings.allow_docker_fallback:  # never claimable
+        raise InvalidRequestError(
+            f"{where}: provider {provider!r} is not allowed unless CORRAL_ALLOW_DOCKER_FALLBACK=true"
+        )
     if not isinstance(image, str) or not image.strip():
         raise InvalidRequestError(f"{where}: image must be an image name")
     network = raw.get("network", "isolated")
@@ -99,7 +100,7 @@ def _parse_pool(raw: object, where: str, settings: Settings, service: WorkspaceS
     limits = raw.get("resource_limits")
     if limits is not None and not isinstance(limits, dict):
         raise InvalidRequestError(f'{where}: resource_limits must be an object like {{"cpu": "1"}}')
-    return PoolSpec(provider, image, ResourceLimits.parse(limits, defaults=service.default_limits()), network, size)
+    return PoolSpec(provider, image, ResourceLimits.parse(limits, defaults=settings.default_limits()), network, size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,17 +123,51 @@ class _PoolState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-class WarmPools:
-    """Fills, hands out and refills warm workspaces for a set of pool specs."""
+class PoolBackend(Protocol):
+    """What the pools need done to workspaces; the workspace service does it (pools never write a record or call a
+    provider themselves)."""
 
-    def __init__(self, service: WorkspaceService, specs: list[PoolSpec]) -> None:
-        self.service = service
+    async def create_warm(self, spec: PoolSpec) -> None:
+        """Create one ready workspace for the pool (its record carries the pool key); raise CorralError on failure."""
+
+    async def claim_warm(self, key: str, claim: Claim, container_type: str) -> WorkspaceRecord | None:
+        """Take the oldest ready workspace out of the pool, writing ``claim`` on it; None when the pool is empty."""
+
+    async def warm_records(self, key: str, statuses: tuple[WorkspaceStatus, ...]) -> list[WorkspaceRecord]:
+        """The pool's workspaces in these statuses."""
+
+    def known_dead(self, record: WorkspaceRecord) -> bool:
+        """Whether the runtime is known to have lost this workspace (no I/O)."""
+
+    async def discard(self, workspace_id: str) -> None:
+        """Destroy the workspace and its record's place in the pool."""
+
+
+class WarmPools:
+    """Fills, hands out and refills warm workspaces for a set of pool specs.
+
+    Built first and handed to the workspace service, which attaches itself as the :class:`PoolBackend`.
+    """
+
+    def __init__(self, specs: list[PoolSpec]) -> None:
+        self._backend: PoolBackend | None = None
         self._pools: dict[str, _PoolState] = {s.key: _PoolState(s) for s in specs if s.size > 0}
         self._unpooled_misses: collections.Counter[str] = collections.Counter()
         self._refills: set[asyncio.Task[Any]] = set()
         self._retries: set[asyncio.Task[Any]] = set()
         self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
         self._closing = False
+
+    def attach(self, backend: PoolBackend) -> None:
+        """Give the pools the service that does their work (the service calls this when it is handed the pools)."""
+        self._backend = backend
+
+    @property
+    def backend(self) -> PoolBackend:
+        """The service doing the pools' work."""
+        if self._backend is None:
+            raise RuntimeError("warm pools used before a workspace service was attached")
+        return self._backend
 
     @property
     def keys(self) -> list[str]:
@@ -158,7 +193,7 @@ class WarmPools:
         """Create workspaces until the pool holds its target; returns how many were created."""
         state = self._pools[key]
         async with state.lock:
-            have = len(await self.service.store.workspaces.list(status=("creating", "ready"), pool_key=key))
+            have = len(await self.backend.warm_records(key, ("creating", "ready")))
             missing = max(state.spec.size - have, 0)
             if missing == 0:
                 return 0
@@ -180,42 +215,15 @@ class WarmPools:
 
     async def _create_one(self, state: _PoolState) -> bool:
         spec = state.spec
-        provider = self.service.providers.get(spec.provider)
-        if provider is None:
-            state.last_error = f"provider {spec.provider} is not configured"
-            return False
         async with self._fill_slots:
             if self._closing:
                 return False
-            # Store calls are shielded: close() cancels refills, and a database call cut in half could leave
-            # SQLite's write lock held. A cancelled provider create cleans up after itself.
-            record = await asyncio.shield(
-                self.service.store.workspaces.create(
-                    requested_provider=spec.provider,
-                    container_type="agent_workspace",
-                    resource_limits=spec.limits.to_json(),
-                    network=spec.network,
-                    base_image=spec.image,
-                    provider=spec.provider,
-                    pool_key=spec.key,
-                )
-            )
-            workspace_spec = WorkspaceSpec(
-                id=record.id,
-                image=spec.image,
-                limits=spec.limits,
-                network=spec.network,  # type: ignore[arg-type]  # validated when the pool was configured
-            )
             try:
-                await provider.create(workspace_spec)
+                await self.backend.create_warm(spec)
             except CorralError as exc:
                 state.last_error = exc.message
                 log.warning("warm pool %s: could not create a workspace: %s", spec.key, exc.message)
-                await asyncio.shield(
-                    self.service.store.workspaces.update(record.id, status="destroyed", error=exc.message)
-                )
                 return False
-            await asyncio.shield(self.service.store.workspaces.update(record.id, status="ready"))
             state.last_error = None
             return True
 
@@ -248,14 +256,7 @@ class WarmPools:
             self._record_unpooled_miss(provider, image, limits, network)
             return None
         while True:
-            record = await self.service.store.workspaces.claim_from_pool(
-                key,
-                requested_provider=claim.requested_provider,
-                container_type=container_type,
-                metadata=claim.metadata,
-                warnings=claim.warnings,
-                provider_attempts=claim.provider_attempts,
-            )
+            record = await self.backend.claim_warm(key, claim, container_type)
             if record is None:
                 state.misses += 1
                 state.miss_reasons["pool empty"] += 1
@@ -264,21 +265,13 @@ class WarmPools:
                 return None
             # Refill a moment later, so its database writes do not queue before the requester's.
             self._later(REFILL_DELAY_S, key)
-            if self._alive(record):
+            # No I/O on the hand-out path: providers that watch their runtime say whether it died since.
+            if not self.backend.known_dead(record):
                 state.hits += 1
                 return record
             # It died while waiting (killed from outside); drop it and try the next one.
             log.warning("warm workspace %s was not running; discarding it", record.id)
-            await self.service.discard(record.id)
-
-    def _alive(self, record: WorkspaceRecord) -> bool:
-        """No I/O on the hand-out path: providers that watch their runtime say whether it died since."""
-        provider: object = self.service.providers.get(record.provider or "")
-        if provider is None:
-            return False
-        if isinstance(provider, DeathWatcher):
-            return not provider.known_dead(record.id)
-        return True  # unknown: a dead one shows at first use, and reconciliation cleans it up
+            await self.backend.discard(record.id)
 
     def _record_unpooled_miss(self, provider: str, image: str, limits: ResourceLimits, network: str) -> None:
         """Count a miss on the pool it came closest to, with the reason, and log it."""
@@ -306,8 +299,8 @@ class WarmPools:
         """Per pool: provider, image, limits, network, target, current size, hits, misses and reasons."""
         out = []
         for key, state in self._pools.items():
-            ready = await self.service.store.workspaces.list(status="ready", pool_key=key)
-            creating = await self.service.store.workspaces.list(status="creating", pool_key=key)
+            ready = await self.backend.warm_records(key, ("ready",))
+            creating = await self.backend.warm_records(key, ("creating",))
             spec = state.spec
             out.append(
                 {
@@ -344,5 +337,5 @@ class WarmPools:
         await asyncio.gather(*tasks, return_exceptions=True)
         if drain:
             for key in self._pools:
-                for record in await self.service.store.workspaces.list(status=("creating", "ready"), pool_key=key):
-                    await self.service.discard(record.id)
+                for record in await self.backend.warm_records(key, ("creating", "ready")):
+                    await self.backend.discard(record.id)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from corral.errors import CorralError
 from corral.orchestrator.service import WorkspaceService
-from corral.providers.base import SandboxState
+from corral.providers.base import WorkspaceState
 from corral.store import WorkspaceRecord
 
 __all__ = ["ReconcileReport", "reconcile"]
@@ -54,7 +54,7 @@ async def reconcile(service: WorkspaceService, *, pool_keys: Collection[str] = (
     records = {r.id: r for r in await service.store.workspaces.list(include_destroyed=True)}
     for name in service.providers:
         try:
-            runtime_ids = set(await service.providers[name].list_workspaces())
+            runtime_ids = await service.runtime_ids(name)
         except CorralError as exc:
             report.skipped_providers[name] = exc.message
             log.warning("reconcile: skipped provider %s: %s", name, exc.message)
@@ -67,7 +67,7 @@ async def reconcile(service: WorkspaceService, *, pool_keys: Collection[str] = (
     for record in records.values():
         if record.status == "creating" and record.provider is None and record.id not in report.interrupted_creates:
             report.interrupted_creates.append(record.id)
-            await service.store.workspaces.update(record.id, status="error", error=INTERRUPTED)
+            await service.mark_error(record.id, INTERRUPTED)
     for field_name, ids in vars(report).items():
         if ids:
             log.info("reconcile: %s: %s", field_name, ids)
@@ -87,12 +87,12 @@ async def _reconcile_runtime_object(
         return
     why = "no record" if record is None else f"record is {record.status}"
     log.warning("reconcile: destroying %s workspace %s (%s)", name, workspace_id, why)
-    await service.providers[name].destroy(workspace_id)
+    await service.remove_runtime(name, workspace_id)
     if record is None or record.status == "destroyed":
         report.orphans_destroyed.append(workspace_id)
     elif record.status == "creating":
         report.interrupted_creates.append(workspace_id)
-        await service.store.workspaces.update(workspace_id, status="error", error=INTERRUPTED)
+        await service.mark_error(workspace_id, INTERRUPTED)
 
 
 async def _reconcile_record(
@@ -101,23 +101,20 @@ async def _reconcile_record(
     record = await service.get(workspace_id)
     if record.status in ("destroyed", "error") or record.provider is None:
         return
-    provider = service.providers[record.provider]
-    state = await provider.state(workspace_id) if workspace_id in runtime_ids else SandboxState.MISSING
+    state = await service.runtime_state(workspace_id) if workspace_id in runtime_ids else WorkspaceState.MISSING
     if record.pool_key is not None:
-        if record.status == "ready" and state is SandboxState.RUNNING and record.pool_key in pool_keys:
+        if record.status == "ready" and state is WorkspaceState.RUNNING and record.pool_key in pool_keys:
             report.pool_adopted.append(workspace_id)
         else:
             await service.discard(workspace_id)
             report.pool_discarded.append(workspace_id)
         return
-    if state is SandboxState.MISSING and record.status in ("ready", "stopped", "creating"):
-        await service.store.workspaces.update(
-            workspace_id, status="error", error="its runtime objects vanished while the server was down"
-        )
+    if state is WorkspaceState.MISSING and record.status in ("ready", "stopped", "creating"):
+        await service.mark_error(workspace_id, "its runtime objects vanished while the server was down")
         report.marked_vanished.append(workspace_id)
-    elif state is SandboxState.STOPPED and record.status == "ready":
-        await service.store.workspaces.update(workspace_id, status="stopped")
+    elif state is WorkspaceState.STOPPED and record.status == "ready":
+        await service.mark_status(workspace_id, "stopped")
         report.marked_stopped.append(workspace_id)
-    elif state is SandboxState.RUNNING and record.status == "stopped":
-        await service.store.workspaces.update(workspace_id, status="ready")
+    elif state is WorkspaceState.RUNNING and record.status == "stopped":
+        await service.mark_status(workspace_id, "ready")
         report.marked_ready.append(workspace_id)

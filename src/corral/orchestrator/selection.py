@@ -1,11 +1,12 @@
-"""Which provider serves ``provider: "auto"`` (seed 000), as a pure function of settings and health.
+"""Which provider serves ``provider: "auto"``, as a pure function of settings and health.
 
-The preference order:
+The preference order is the providers' ranks in the registry (:mod:`corral.providers.registry`):
 
 * managed deployment with an E2B key: e2b first (no local resources used);
 * then the self-hosted order, by container type: agent workspaces prefer firecracker (a microVM: the strongest
-  isolation), MCP servers prefer gvisor (lighter for long-lived processes);
-* plain docker last, and only when the operator allows it (it shares the host kernel).
+  isolation), MCP servers prefer gvisor (lighter for long-lived processes); a custom HTTP backend after both;
+* plain docker last, and only when the operator allows it (it shares the host kernel);
+* a third-party provider where its registered rank puts it.
 
 Only configured providers are considered. :func:`fallback_chain` keeps unhealthy ones in the list (they are skipped
 with their reason recorded) so an all-fail error can name every provider.
@@ -17,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["AUTO_ELIGIBLE", "SelectionInputs", "fallback_chain", "preference_order"]
+from corral.providers.registry import KNOWN_PROVIDERS
+from corral.settings import Settings
 
-AUTO_ELIGIBLE = ("e2b", "firecracker", "gvisor", "docker", "http")
-"""Providers auto selection may use; ``fake`` never is."""
+__all__ = ["SelectionInputs", "fallback_chain", "preference_order"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,15 +33,33 @@ class SelectionInputs:
     allow_docker: bool
     configured: tuple[str, ...]
 
+    @classmethod
+    def of(cls, settings: Settings, configured: Iterable[str]) -> SelectionInputs:
+        """What selection depends on, from settings and the configured providers' names."""
+        return cls(
+            deployment_mode=settings.deployment_mode,
+            e2b_configured=bool(settings.e2b_api_key),
+            allow_docker=settings.allow_docker_fallback,
+            configured=tuple(configured),
+        )
+
 
 def preference_order(inputs: SelectionInputs, container_type: str) -> list[str]:
-    """Every provider auto may use for this container type, best first (health not considered)."""
-    self_hosted = ["gvisor", "firecracker"] if container_type == "mcp_server" else ["firecracker", "gvisor"]
-    order = ["e2b", *self_hosted] if inputs.deployment_mode == "managed" and inputs.e2b_configured else self_hosted
-    order.append("http")
-    if inputs.allow_docker:
-        order.append("docker")
-    return [name for name in order if name in inputs.configured]
+    """Every configured provider auto may use for this container type, best first (health not considered).
+
+    The order comes from each provider's registry entry (:class:`~corral.providers.registry.ProviderEntry`); plain
+    runc and other providers that reduce isolation only while the operator allows them.
+    """
+    managed = inputs.deployment_mode == "managed" and inputs.e2b_configured
+    ranked: list[tuple[int, int, str]] = []
+    for position, name in enumerate(inputs.configured):
+        entry = KNOWN_PROVIDERS.get(name)
+        if entry is None or (entry.reduced_isolation and not inputs.allow_docker):
+            continue
+        rank = entry.rank(container_type, managed=managed)
+        if rank is not None:
+            ranked.append((rank, position, name))
+    return [name for _, _, name in sorted(ranked)]
 
 
 def fallback_chain(inputs: SelectionInputs, container_type: str, healthy: Iterable[str]) -> tuple[list[str], list[str]]:

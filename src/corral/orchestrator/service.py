@@ -20,10 +20,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from corral.errors import (
     AllProvidersFailedError,
@@ -33,38 +33,43 @@ from corral.errors import (
     ProviderNotFoundError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
     WorkspaceBrokenError,
+    WorkspaceDestroyedError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.images.reference import check_image_reference
 from corral.orchestrator.health import HealthMonitor
 from corral.orchestrator.paths import lexically_confined
-from corral.orchestrator.pool import Claim, WarmPools
+from corral.orchestrator.pool import Claim, PoolSpec, WarmPools
 from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.providers.base import (
     WORKSPACE_ROOT,
+    ByteStream,
     Capabilities,
+    DeathWatcher,
+    DiskUsageReporter,
     EventSource,
     ExecRequest,
     ExecResult,
+    ExecStream,
     FileInfo,
     ResourceLimits,
-    SandboxState,
     WorkspaceEvent,
     WorkspaceProvider,
     WorkspaceSpec,
+    WorkspaceState,
 )
-from corral.providers.registry import PROVIDER_NAMES
+from corral.providers.registry import KNOWN_PROVIDERS, PROVIDER_NAMES
 from corral.settings import Settings
-from corral.store import ProviderAttempt, Store, WorkspaceRecord
+from corral.store import ProviderAttempt, Store, WorkspaceRecord, WorkspaceStatus
 
-__all__ = ["CreateWorkspace", "ProviderProfile", "WorkspaceService", "host_resources"]
+__all__ = ["CreateWorkspace", "ProviderProfile", "WorkspaceRuntime", "WorkspaceService", "host_resources"]
 
 NO_AUTO_PROVIDER = "no provider that auto selection may use is configured (fake is never auto-selected)"
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +153,8 @@ class WorkspaceService:
         store: Store,
         providers: Mapping[str, WorkspaceProvider],
         health: HealthMonitor,
+        *,
+        pools: WarmPools | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -157,7 +164,11 @@ class WorkspaceService:
         self._last_used: dict[str, float] = {}  # id -> time.time() of the last exec or file call
         self._profiles: dict[str, ProviderProfile] = {}  # provider -> its capabilities, fetched once
         self.pools: WarmPools | None = None
+        if pools is not None:
+            self.attach_pools(pools)
         self._event_tasks: set[asyncio.Task[None]] = set()
+        self.runtime = WorkspaceRuntime(self)
+        """Runtime calls by workspace id for the layers above (tools, checkout, E2B), through this service."""
         for provider in self.providers.values():
             if isinstance(provider, EventSource):
                 provider.subscribe(self._on_event)
@@ -166,22 +177,11 @@ class WorkspaceService:
 
     def default_limits(self) -> ResourceLimits:
         """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""
-        return ResourceLimits.parse(
-            {
-                "cpu": self.settings.default_cpu,
-                "memory": self.settings.default_memory,
-                "disk": self.settings.default_disk,
-            }
-        )
+        return self.settings.default_limits()
 
     def selection_inputs(self) -> SelectionInputs:
         """What auto selection depends on, from settings."""
-        return SelectionInputs(
-            deployment_mode=self.settings.deployment_mode,
-            e2b_configured=bool(self.settings.e2b_api_key),
-            allow_docker=self.settings.allow_docker_fallback,
-            configured=tuple(self.providers),
-        )
+        return SelectionInputs.of(self.settings, self.providers)
 
     def plan(self, requested: str, container_type: str) -> tuple[list[str], list[tuple[str, str]]]:
         """The providers to try in order, and those skipped up front with their reason.
@@ -198,11 +198,12 @@ class WorkspaceService:
                     f"unknown provider {requested!r}; allowed: {', '.join(allowed)}",
                     details={"provider": requested, "allowed": allowed},
                 )
-            if requested == "docker" and not self.settings.allow_docker_fallback:
+            entry = KNOWN_PROVIDERS.get(requested)
+            if entry is not None and entry.reduced_isolation and not self.settings.allow_docker_fallback:
                 raise ProviderNotAllowedError(
-                    "provider 'docker' (plain runc: it shares the host kernel) is not allowed on this server; use "
-                    "'auto' or 'gvisor', or ask the operator to set CORRAL_ALLOW_DOCKER_FALLBACK=true",
-                    details={"provider": "docker", "setting": "CORRAL_ALLOW_DOCKER_FALLBACK"},
+                    f"provider {requested!r} (plain runc: it shares the host kernel) is not allowed on this server; "
+                    "use 'auto' or 'gvisor', or ask the operator to set CORRAL_ALLOW_DOCKER_FALLBACK=true",
+                    details={"provider": requested, "setting": "CORRAL_ALLOW_DOCKER_FALLBACK"},
                 )
             if requested not in self.providers:
                 raise ProviderUnavailableError(
@@ -276,6 +277,67 @@ class WorkspaceService:
             )
         refused = [(name, "; ".join(shortfalls[name])) for name in try_order if shortfalls[name]]
         return [name for name in try_order if not shortfalls[name]], [*skipped, *refused]
+
+    def attach_pools(self, pools: WarmPools) -> None:
+        """Serve warm workspaces from ``pools``; the service does their work (it is their :class:`PoolBackend`)."""
+        self.pools = pools
+        pools.attach(self)
+
+    # --- warm pools' work (PoolBackend) ---------------------------------------------------------------------------
+
+    async def create_warm(self, spec: PoolSpec) -> None:
+        """Create one ready workspace for a pool; its record carries the pool key until a request claims it."""
+        provider = self.providers.get(spec.provider)
+        if provider is None:
+            raise ProviderUnavailableError(spec.provider, "not configured on this server")
+        # Store calls are shielded: the pools cancel refills on shutdown, and a database call cut in half could leave
+        # SQLite's write lock held. A cancelled provider create cleans up after itself; its record stays
+        # "creating" in the pool, so the drain (or reconciliation) removes it.
+        record = await asyncio.shield(
+            self.store.workspaces.create(
+                requested_provider=spec.provider,
+                container_type="agent_workspace",
+                resource_limits=spec.limits.to_json(),
+                network=spec.network,
+                base_image=spec.image,
+                provider=spec.provider,
+                pool_key=spec.key,
+            )
+        )
+        workspace_spec = WorkspaceSpec(
+            id=record.id,
+            image=spec.image,
+            limits=spec.limits,
+            network=spec.network,  # type: ignore[arg-type]  # validated when the pool was configured
+        )
+        try:
+            await provider.create(workspace_spec)
+        except CorralError as exc:
+            await asyncio.shield(self.store.workspaces.update(record.id, status="destroyed", error=exc.message))
+            raise
+        await asyncio.shield(self.store.workspaces.update(record.id, status="ready"))
+
+    async def claim_warm(self, key: str, claim: Claim, container_type: str) -> WorkspaceRecord | None:
+        """Take the oldest ready workspace out of a pool in one statement that also writes ``claim`` on it."""
+        return await self.store.workspaces.claim_from_pool(
+            key,
+            requested_provider=claim.requested_provider,
+            container_type=container_type,
+            metadata=claim.metadata,
+            warnings=claim.warnings,
+            provider_attempts=claim.provider_attempts,
+        )
+
+    async def warm_records(self, key: str, statuses: tuple[WorkspaceStatus, ...]) -> list[WorkspaceRecord]:
+        """A pool's workspaces in these statuses."""
+        return await self.store.workspaces.list(status=statuses, pool_key=key)
+
+    def known_dead(self, record: WorkspaceRecord) -> bool:
+        """Whether the record's provider saw its runtime die since it started (no I/O; unknown: not dead)."""
+        provider: object = self.providers.get(record.provider or "")
+        if provider is None:
+            return True
+        return isinstance(provider, DeathWatcher) and provider.known_dead(record.id)
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -407,21 +469,21 @@ class WorkspaceService:
             self._live[record.id] = (try_order[0], "ready")
         return record
 
-    @staticmethod
-    def _provider_warnings(provider: str) -> list[str]:
-        if provider == "docker":
-            return ["isolation is reduced: plain Docker (runc) shares the host kernel"]
+    def _provider_warnings(self, provider: str) -> list[str]:
+        """What a workspace of this provider is told about its isolation (from the provider's capabilities)."""
+        if self.isolation_of(provider) == "container":
+            return [f"isolation is reduced: {provider} runs plain containers (runc), which share the host kernel"]
         return []
 
     async def get(self, workspace_id: str) -> WorkspaceRecord:
         """The record, destroyed ones included.
 
         Raises:
-            SandboxNotFoundError: no record with that id.
+            WorkspaceNotFoundError: no record with that id.
         """
         record = await self.store.workspaces.get(workspace_id)
         if record is None:
-            raise SandboxNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
+            raise WorkspaceNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
         return record
 
     async def list_workspaces(self) -> list[WorkspaceRecord]:
@@ -484,7 +546,7 @@ class WorkspaceService:
 
     async def _restart_broken(self, record: WorkspaceRecord) -> WorkspaceRecord:
         provider = self.providers[record.provider or ""]
-        if await provider.state(record.id) is SandboxState.MISSING:
+        if await provider.state(record.id) is WorkspaceState.MISSING:
             raise WorkspaceStateError(
                 f"workspace {record.id} is error ({record.error or 'unknown reason'}) and has nothing left to resume",
                 details={"id": record.id, "status": record.status},
@@ -530,7 +592,11 @@ class WorkspaceService:
 
     # --- operations -----------------------------------------------------------------------------------------------
 
-    async def provider_of(self, workspace_id: str) -> WorkspaceProvider:
+    async def ensure_ready(self, workspace_id: str) -> None:
+        """Raise the error that says why the workspace cannot take calls now (destroyed, stopped, broken...)."""
+        await self._provider_of(workspace_id)
+
+    async def _provider_of(self, workspace_id: str) -> WorkspaceProvider:
         """The provider of a ready workspace (fast path: no database access once cached)."""
         self._last_used[workspace_id] = time.time()
         live = self._live.get(workspace_id)
@@ -542,7 +608,7 @@ class WorkspaceService:
     async def _operable(self, workspace_id: str, *, allow_stopped: bool) -> tuple[WorkspaceProvider, WorkspaceRecord]:
         record = await self.get(workspace_id)
         if record.status == "destroyed":
-            raise SandboxDestroyedError(f"workspace {workspace_id} has been destroyed", details={"id": workspace_id})
+            raise WorkspaceDestroyedError(f"workspace {workspace_id} has been destroyed", details={"id": workspace_id})
         if record.status == "stopped" and not allow_stopped:
             raise WorkspaceStateError(
                 f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
@@ -558,63 +624,66 @@ class WorkspaceService:
         self._live[workspace_id] = (record.provider, record.status)
         return provider, record
 
-    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
-        """Run a command in a ready workspace.
+    async def _guarded(self, workspace_id: str, call: Callable[[WorkspaceProvider], Awaitable[_T]]) -> _T:
+        """One runtime call on a ready workspace; what it finds out about the workspace is recorded at once.
 
-        When the provider finds the workspace stopped (its container died on its own: OOM, killed from outside), the
-        record follows at once, so the API shows ``stopped`` and ``resume`` brings it back.
+        A workspace whose container died on its own (OOM, killed from outside) is marked ``stopped``; one whose agent
+        broke the protocol ``error``. Every API sees it, and ``resume`` brings it back.
         """
-        request.validate()
-        provider = await self.provider_of(workspace_id)
+        provider = await self._provider_of(workspace_id)
         try:
-            return await provider.exec(workspace_id, request)
-        except WorkspaceStateError:
-            if await provider.state(workspace_id) is SandboxState.STOPPED:
-                log.warning("workspace %s stopped on its own; its record now says so", workspace_id)
-                self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "stopped")
-                await self.store.workspaces.update(workspace_id, status="stopped")
+            return await call(provider)
+        except (WorkspaceStateError, WorkspaceBrokenError) as exc:
+            await self._runtime_failed(workspace_id, provider, exc)
             raise
-        except WorkspaceBrokenError as exc:
+
+    async def _runtime_failed(self, workspace_id: str, provider: WorkspaceProvider, exc: CorralError) -> None:
+        if isinstance(exc, WorkspaceBrokenError):
             # The answer leaves after the record says so (the provider's event may still be on its way).
             await self._record_event(WorkspaceEvent(workspace_id, "broken", exc.message))
             self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "error")
-            raise
+        elif await provider.state(workspace_id) is WorkspaceState.STOPPED:
+            await self._record_event(WorkspaceEvent(workspace_id, "died", "its sandbox was found stopped"))
+            self._live[workspace_id] = (self._live.get(workspace_id, ("", ""))[0], "stopped")
 
-    async def read_file(self, workspace_id: str, path: str) -> AsyncIterator[bytes]:
+    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
+        """Run a command in a ready workspace (a nonzero exit is a result; see :meth:`_guarded` for failures)."""
+        request.validate()
+        return await self.runtime.exec(workspace_id, request)
+
+    def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
+        """Run a command, yielding its output as produced and its exit last (closing early kills it)."""
+        request.validate()
+        return self.runtime.exec_stream(workspace_id, request)
+
+    async def read_file(self, workspace_id: str, path: str) -> ByteStream:
         """Open a file inside /workspace for streaming."""
-        provider = await self.provider_of(workspace_id)
-        absolute = lexically_confined(path)
-        return await provider.read_file(workspace_id, absolute, beneath=WORKSPACE_ROOT)
+        return await self.runtime.read_file(workspace_id, lexically_confined(path), beneath=WORKSPACE_ROOT)
 
     async def write_file(
         self, workspace_id: str, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None = None
     ) -> tuple[str, int]:
         """Write a file inside /workspace; returns the absolute path and bytes written."""
-        provider = await self.provider_of(workspace_id)
         absolute = lexically_confined(path)
         if absolute == WORKSPACE_ROOT:
             raise InvalidRequestError("path: /workspace is a directory, not a file", details={"field": "path"})
-        return absolute, await provider.write_file(workspace_id, absolute, data, mode=mode, beneath=WORKSPACE_ROOT)
+        written = await self.runtime.write_file(workspace_id, absolute, data, mode=mode, beneath=WORKSPACE_ROOT)
+        return absolute, written
 
     async def delete(self, workspace_id: str, path: str, *, recursive: bool) -> None:
         """Delete a file or directory inside /workspace (not /workspace itself)."""
-        provider = await self.provider_of(workspace_id)
         absolute = lexically_confined(path)
         if absolute == WORKSPACE_ROOT:
             raise InvalidRequestError("path: refusing to delete /workspace itself", details={"field": "path"})
-        await provider.delete(workspace_id, absolute, recursive=recursive, beneath=WORKSPACE_ROOT)
+        await self.runtime.delete(workspace_id, absolute, recursive=recursive, beneath=WORKSPACE_ROOT)
 
     async def stat(self, workspace_id: str, path: str) -> FileInfo:
         """Stat a path inside /workspace."""
-        provider = await self.provider_of(workspace_id)
-        absolute = lexically_confined(path)
-        return await provider.stat(workspace_id, absolute, beneath=WORKSPACE_ROOT)
+        return await self.runtime.stat(workspace_id, lexically_confined(path), beneath=WORKSPACE_ROOT)
 
     async def list_dir(self, workspace_id: str, path: str) -> list[FileInfo]:
         """List a directory inside /workspace."""
-        provider = await self.provider_of(workspace_id)
-        absolute = lexically_confined(path)
-        return await provider.list_dir(workspace_id, absolute, beneath=WORKSPACE_ROOT)
+        return await self.runtime.list_dir(workspace_id, lexically_confined(path), beneath=WORKSPACE_ROOT)
 
     async def glob(self, workspace_id: str, pattern: str, path: str) -> list[str]:
         """Glob under a directory inside /workspace; ``..`` in the pattern is refused."""
@@ -624,18 +693,16 @@ class WorkspaceService:
             raise InvalidRequestError(
                 "pattern: must be relative to path and must not contain '..'", details={"field": "pattern"}
             )
-        provider = await self.provider_of(workspace_id)
         root = lexically_confined(path)
-        return await provider.glob(workspace_id, pattern, root=root, beneath=WORKSPACE_ROOT)
+        return await self.runtime.glob(workspace_id, pattern, root=root, beneath=WORKSPACE_ROOT)
 
     async def move(self, workspace_id: str, src: str, dst: str) -> None:
         """Rename inside /workspace."""
-        provider = await self.provider_of(workspace_id)
         source = lexically_confined(src, field_name="src")
         target = lexically_confined(dst, field_name="dst")
         if WORKSPACE_ROOT in (source, target):
             raise InvalidRequestError("src/dst: /workspace itself cannot be moved", details={"field": "src"})
-        await provider.move(workspace_id, source, target, beneath=WORKSPACE_ROOT)
+        await self.runtime.move(workspace_id, source, target, beneath=WORKSPACE_ROOT)
 
     async def chmod(self, workspace_id: str, path: str, mode: int) -> None:
         """Change permission bits inside /workspace."""
@@ -643,15 +710,58 @@ class WorkspaceService:
             raise InvalidRequestError(
                 f"mode: {mode:o} is not a permission mode (0 to 7777 octal)", details={"field": "mode"}
             )
-        provider = await self.provider_of(workspace_id)
-        absolute = lexically_confined(path)
-        await provider.chmod(workspace_id, absolute, mode, beneath=WORKSPACE_ROOT)
+        await self.runtime.chmod(workspace_id, lexically_confined(path), mode, beneath=WORKSPACE_ROOT)
 
-    async def runtime_state(self, workspace_id: str) -> SandboxState:
+    async def disk_usage(self, workspace_id: str) -> int | None:
+        """Bytes used under /workspace, where the provider watches a limit it cannot enforce; else None."""
+        record = await self.get(workspace_id)
+        provider: object = self.providers.get(record.provider or "")
+        if not isinstance(provider, DiskUsageReporter):
+            return None
+        return await self._guarded(workspace_id, lambda _: provider.disk_usage(workspace_id))
+
+    # --- reconciliation's work -------------------------------------------------------------------------------------
+
+    async def runtime_ids(self, provider: str) -> set[str]:
+        """Ids of every workspace the provider holds runtime objects for (running or stopped)."""
+        return set(await self.providers[provider].list_workspaces())
+
+    async def remove_runtime(self, provider: str, workspace_id: str) -> None:
+        """Destroy runtime objects no live record owns (orphans, interrupted creates)."""
+        await self.providers[provider].destroy(workspace_id)
+        self._forget(workspace_id)
+
+    async def mark_error(self, workspace_id: str, reason: str) -> WorkspaceRecord:
+        """Record that the workspace failed (or vanished) and why."""
+        self._forget(workspace_id)
+        return await self.store.workspaces.update(workspace_id, status="error", error=reason)
+
+    async def mark_status(self, workspace_id: str, status: WorkspaceStatus) -> WorkspaceRecord:
+        """Record a state the runtime was found in (``stopped`` or ``ready`` after a restart)."""
+        record = await self.store.workspaces.update(workspace_id, status=status)
+        if record.provider is not None:
+            self._live[workspace_id] = (record.provider, status)
+        return record
+
+    def _forget(self, workspace_id: str) -> None:
+        self._live.pop(workspace_id, None)
+        self._last_used.pop(workspace_id, None)
+
+    # --- what the layers above record on a workspace ---------------------------------------------------------------
+
+    async def add_warnings(self, workspace_id: str, *warnings: str) -> WorkspaceRecord:
+        """Append warnings the workspace's answers show (setup failures, disk usage), each once."""
+        return await self.store.workspaces.add_warnings(workspace_id, *warnings)
+
+    async def set_metadata(self, workspace_id: str, metadata: Mapping[str, Any]) -> WorkspaceRecord:
+        """Replace the workspace's metadata (E2B's extras, a session's task)."""
+        return await self.store.workspaces.update(workspace_id, metadata=metadata)
+
+    async def runtime_state(self, workspace_id: str) -> WorkspaceState:
         """What the provider's runtime holds for this workspace."""
         record = await self.get(workspace_id)
         if record.provider is None or record.provider not in self.providers:
-            return SandboxState.MISSING
+            return WorkspaceState.MISSING
         return await self.providers[record.provider].state(workspace_id)
 
     async def provider_status(self) -> list[dict[str, Any]]:
@@ -685,3 +795,93 @@ class WorkspaceService:
         for provider in self.providers.values():
             with contextlib.suppress(Exception):
                 await provider.aclose()
+
+
+class WorkspaceRuntime:
+    """Runtime calls on workspaces by id, with the provider's signatures, each one through the service.
+
+    Everything above the orchestrator that works inside a workspace (the agent tools, checkout, E2B's envd) holds this
+    instead of a provider: the workspace must be ready, a workspace found dead or broken on the way is recorded at
+    once for every API (see :meth:`WorkspaceService._guarded`), and its last use is noted for the reaper. Paths are
+    passed as given: ``beneath`` confines a call (the agent enforces it race-free); without it the call is
+    unconfined, as E2B's envd needs (it addresses the whole sandbox, as E2B does).
+    """
+
+    def __init__(self, service: WorkspaceService) -> None:
+        self._service = service
+
+    async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
+        """See :meth:`WorkspaceProvider.exec`."""
+        return await self._service._guarded(workspace_id, lambda p: p.exec(workspace_id, request))
+
+    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
+        """See :meth:`WorkspaceProvider.exec_stream`."""
+        provider = await self._service._provider_of(workspace_id)
+        # Closing this generator early closes the provider's too, which kills the command.
+        async with contextlib.aclosing(provider.exec_stream(workspace_id, request)) as events:
+            try:
+                async for event in events:
+                    yield event
+            except (WorkspaceStateError, WorkspaceBrokenError) as exc:
+                await self._service._runtime_failed(workspace_id, provider, exc)
+                raise
+
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
+        """See :meth:`WorkspaceProvider.read_file`."""
+        return await self._service._guarded(workspace_id, lambda p: p.read_file(workspace_id, path, beneath=beneath))
+
+    async def write_file(
+        self,
+        workspace_id: str,
+        path: str,
+        data: bytes | AsyncIterable[bytes],
+        *,
+        mode: int | None = None,
+        beneath: str | None = None,
+    ) -> int:
+        """See :meth:`WorkspaceProvider.write_file`."""
+        return await self._service._guarded(
+            workspace_id, lambda p: p.write_file(workspace_id, path, data, mode=mode, beneath=beneath)
+        )
+
+    async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
+        """See :meth:`WorkspaceProvider.list_dir`."""
+        return await self._service._guarded(workspace_id, lambda p: p.list_dir(workspace_id, path, beneath=beneath))
+
+    async def delete(
+        self, workspace_id: str, path: str, *, recursive: bool = False, beneath: str | None = None
+    ) -> None:
+        """See :meth:`WorkspaceProvider.delete`."""
+        await self._service._guarded(
+            workspace_id, lambda p: p.delete(workspace_id, path, recursive=recursive, beneath=beneath)
+        )
+
+    async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
+        """See :meth:`WorkspaceProvider.move`."""
+        await self._service._guarded(workspace_id, lambda p: p.move(workspace_id, src, dst, beneath=beneath))
+
+    async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
+        """See :meth:`WorkspaceProvider.chmod`."""
+        await self._service._guarded(workspace_id, lambda p: p.chmod(workspace_id, path, mode, beneath=beneath))
+
+    async def stat(self, workspace_id: str, path: str, *, beneath: str | None = None) -> FileInfo:
+        """See :meth:`WorkspaceProvider.stat`."""
+        return await self._service._guarded(workspace_id, lambda p: p.stat(workspace_id, path, beneath=beneath))
+
+    async def glob(
+        self,
+        workspace_id: str,
+        pattern: str,
+        *,
+        root: str = WORKSPACE_ROOT,
+        limit: int = 10_000,
+        beneath: str | None = None,
+    ) -> list[str]:
+        """See :meth:`WorkspaceProvider.glob`."""
+        return await self._service._guarded(
+            workspace_id, lambda p: p.glob(workspace_id, pattern, root=root, limit=limit, beneath=beneath)
+        )
+
+    async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
+        """See :meth:`WorkspaceProvider.realpath`."""
+        return await self._service._guarded(workspace_id, lambda p: p.realpath(workspace_id, path, beneath=beneath))

@@ -7,8 +7,8 @@ workspace's real state. :class:`AgentBackedProvider` holds that code once. A pro
 
 * ``name`` and ``output_limit`` (bytes kept per stream by :meth:`exec`);
 * ``async _agent(workspace_id) -> GuestConnection``: a live connection (connecting, or reconnecting, as needed);
-  it raises SandboxNotFoundError / WorkspaceStateError for missing or stopped workspaces;
-* ``async _require_running(workspace_id)``: raise SandboxNotFoundError / WorkspaceStateError unless running;
+  it raises WorkspaceNotFoundError / WorkspaceStateError for missing or stopped workspaces;
+* ``async _require_running(workspace_id)``: raise WorkspaceNotFoundError / WorkspaceStateError unless running;
 * optionally ``_exec_env(workspace_id, request)``: the environment of a command (default: the request's), for
   providers that must add the workspace spec's variables themselves.
 """
@@ -33,11 +33,12 @@ from corral.errors import (
 from corral.guest.client import ANSWER_TIMEOUT_S, GuestConnection, GuestConnectionLost, GuestProtocolError
 from corral.providers.base import (
     WORKSPACE_ROOT,
-    ExecEvent,
+    ByteStream,
     ExecExit,
     ExecOutput,
     ExecRequest,
     ExecResult,
+    ExecStream,
     FileInfo,
     WorkspaceEvent,
     check_path,
@@ -167,7 +168,7 @@ class AgentBackedProvider:
         raise NotImplementedError
 
     async def _require_running(self, workspace_id: str) -> None:
-        """Raise SandboxNotFoundError or WorkspaceStateError unless the workspace runs."""
+        """Raise WorkspaceNotFoundError or WorkspaceStateError unless the workspace runs."""
         raise NotImplementedError
 
     def _exec_env(self, workspace_id: str, request: ExecRequest) -> dict[str, str]:
@@ -296,7 +297,7 @@ class AgentBackedProvider:
             self.exec_stream(workspace_id, request), output_limit=self.output_limit, provider=self.name
         )
 
-    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         """Yield output as the agent forwards it; the agent kills the process group at the deadline.
 
         At most :attr:`max_concurrent_execs` commands run per workspace; others wait their turn (up to
@@ -307,7 +308,7 @@ class AgentBackedProvider:
             async for event in self._exec_stream(workspace_id, request):
                 yield event
 
-    async def _exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+    async def _exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         conn = await self._agent(workspace_id)
         frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
             request.argv(), cwd=request.cwd, env=self._exec_env(workspace_id, request), timeout_s=request.timeout_s
@@ -363,7 +364,7 @@ class AgentBackedProvider:
             )
         return {"beneath": check_path(beneath, field_name="beneath")}
 
-    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
         """Open for streaming; missing files raise WorkspaceFileNotFoundError before the first chunk."""
         path = check_path(path)
         conn = await self._agent(workspace_id)

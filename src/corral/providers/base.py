@@ -7,7 +7,8 @@ workspace by that id. Values crossing the boundary are frozen dataclasses; error
 Behaviour every provider guarantees (checked by :mod:`corral.testing.conformance`):
 
 * ``create`` returns when the workspace can run commands; ``destroy`` is idempotent; after ``destroy`` every exec
-  and file call raises :class:`~corral.errors.SandboxNotFoundError` or :class:`~corral.errors.SandboxDestroyedError`.
+  and file call raises :class:`~corral.errors.WorkspaceNotFoundError` or
+  :class:`~corral.errors.WorkspaceDestroyedError`.
 * ``stop`` keeps everything under ``/workspace``; ``resume`` brings the workspace back with that state.
 * ``exec`` in ``shell`` mode runs ``/bin/sh -c`` with the arguments shell-quoted; in ``argv`` mode no shell is ever
   involved. A nonzero exit is a result; a deadline kills the process group and raises
@@ -26,20 +27,29 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import math
 import posixpath
-import re
 import shlex
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Mapping
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 from corral.errors import ExecTimeoutError, InvalidRequestError, ProviderUnavailableError
+from corral.streams import ByteStream
+from corral.values import (
+    WORKSPACE_ROOT,
+    ContainerType,
+    NetworkMode,
+    ResourceLimits,
+    parse_cpu,
+    parse_size,
+)
 
 __all__ = [
     "WORKSPACE_ROOT",
+    "ByteStream",
     "Capabilities",
     "DeathWatcher",
     "DiskUsageReporter",
@@ -49,14 +59,16 @@ __all__ = [
     "ExecOutput",
     "ExecRequest",
     "ExecResult",
+    "ExecStream",
     "FileInfo",
     "Health",
     "NetworkMode",
     "ResourceLimits",
-    "SandboxState",
+    "WorkspaceCalls",
     "WorkspaceEvent",
     "WorkspaceProvider",
     "WorkspaceSpec",
+    "WorkspaceState",
     "check_beneath",
     "check_path",
     "collect_exec",
@@ -65,12 +77,6 @@ __all__ = [
     "parse_cpu",
     "parse_size",
 ]
-
-WORKSPACE_ROOT = "/workspace"
-"""Where the workspace volume is mounted in every sandbox, and where relative paths start."""
-
-NetworkMode = Literal["isolated", "default"]
-ContainerType = Literal["agent_workspace", "mcp_server"]
 
 
 class ExecMode(enum.StrEnum):
@@ -82,125 +88,12 @@ class ExecMode(enum.StrEnum):
     """``command`` is executed directly with ``args`` as literal arguments; no shell is ever involved."""
 
 
-class SandboxState(enum.StrEnum):
+class WorkspaceState(enum.StrEnum):
     """What the runtime says about a workspace, as seen by ``WorkspaceProvider.state``."""
 
     RUNNING = "running"
     STOPPED = "stopped"
     MISSING = "missing"
-
-
-# --- resource limits ----------------------------------------------------------------------------------------------
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-SIZE_FORMAT_HELP = 'a size such as "512M", "4G" or "10Gi" (units B, K, M, G, T; powers of 1024)'
-CPU_FORMAT_HELP = 'a number of CPUs such as "2", "0.5" or "1500m"'
-
-
-def parse_size(value: object, *, field_name: str) -> int:
-    """Parse ``"4G"``, ``"512Mi"``, ``"1024"`` (bytes) or an int into bytes.
-
-    Raises:
-        InvalidRequestError: naming ``field_name`` and the accepted format.
-    """
-    if isinstance(value, bool):
-        raise InvalidRequestError(f"{field_name}: {value!r} is not {SIZE_FORMAT_HELP}", details={"field": field_name})
-    if isinstance(value, int):
-        number, unit = float(value), ""
-    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
-        number, unit = float(m.group(1)), (m.group(2) or "").lower()[:1]
-    else:
-        raise InvalidRequestError(f"{field_name}: {value!r} is not {SIZE_FORMAT_HELP}", details={"field": field_name})
-    size = int(number * _SIZE_UNITS[unit])
-    if size <= 0:
-        raise InvalidRequestError(
-            f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name}
-        )
-    return size
-
-
-def parse_cpu(value: object, *, field_name: str = "cpu") -> float:
-    """Parse ``"2"``, ``2``, ``"0.5"`` or ``"1500m"`` (millicores) into a number of CPUs."""
-    cpus: float | None = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        cpus = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        try:
-            cpus = float(text[:-1]) / 1000 if text.endswith("m") else float(text)
-        except ValueError:
-            cpus = None
-    if cpus is None or not math.isfinite(cpus):
-        raise InvalidRequestError(f"{field_name}: {value!r} is not {CPU_FORMAT_HELP}", details={"field": field_name})
-    if cpus <= 0:
-        raise InvalidRequestError(
-            f"{field_name}: must be greater than zero, got {value!r}", details={"field": field_name}
-        )
-    return cpus
-
-
-def format_size(size: int) -> str:
-    """The shortest exact spelling of a byte count: ``4294967296 -> "4G"``."""
-    for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
-        if size % factor == 0:
-            return f"{size // factor}{unit}"
-    return str(size)
-
-
-@dataclass(frozen=True, slots=True)
-class ResourceLimits:
-    """CPU, memory and disk for one workspace, already validated."""
-
-    cpu: float = 2.0
-    memory_bytes: int = 4 * 1024**3
-    disk_bytes: int = 10 * 1024**3
-
-    MIN_MEMORY = 64 * 1024**2
-    MIN_DISK = 64 * 1024**2
-    MAX_CPU = 256.0
-
-    @classmethod
-    def parse(cls, raw: Mapping[str, object] | None, *, defaults: ResourceLimits | None = None) -> ResourceLimits:
-        """Build limits from API input like ``{"cpu": "2", "memory": "4G", "disk": "10G"}``.
-
-        Missing keys come from ``defaults``. Every problem is collected, so one error names all of them.
-        """
-        base = defaults or cls()
-        raw = raw or {}
-        problems: list[str] = []
-        unknown = sorted(set(raw) - {"cpu", "memory", "disk"})
-        if unknown:
-            problems.append(f"unknown resource limit(s) {unknown}; allowed: cpu, memory, disk")
-        cpu, memory, disk = base.cpu, base.memory_bytes, base.disk_bytes
-        try:
-            if raw.get("cpu") is not None:
-                cpu = parse_cpu(raw["cpu"], field_name="resource_limits.cpu")
-                if cpu > cls.MAX_CPU:
-                    problems.append(f"resource_limits.cpu: {raw['cpu']!r} is more than {cls.MAX_CPU:g} CPUs")
-        except InvalidRequestError as exc:
-            problems.append(exc.message)
-        try:
-            if raw.get("memory") is not None:
-                memory = parse_size(raw["memory"], field_name="resource_limits.memory")
-                if memory < cls.MIN_MEMORY:
-                    problems.append(f"resource_limits.memory: {raw['memory']!r} is below the minimum of 64M")
-        except InvalidRequestError as exc:
-            problems.append(exc.message)
-        try:
-            if raw.get("disk") is not None:
-                disk = parse_size(raw["disk"], field_name="resource_limits.disk")
-                if disk < cls.MIN_DISK:
-                    problems.append(f"resource_limits.disk: {raw['disk']!r} is below the minimum of 64M")
-        except InvalidRequestError as exc:
-            problems.append(exc.message)
-        if problems:
-            raise InvalidRequestError("; ".join(problems), details={"problems": problems})
-        return cls(cpu=cpu, memory_bytes=memory, disk_bytes=disk)
-
-    def to_json(self) -> dict[str, str]:
-        """The API spelling: ``{"cpu": "2", "memory": "4G", "disk": "10G"}``."""
-        return {"cpu": f"{self.cpu:g}", "memory": format_size(self.memory_bytes), "disk": format_size(self.disk_bytes)}
 
 
 # --- workspace spec -----------------------------------------------------------------------------------------------
@@ -235,7 +128,7 @@ class ExecRequest:
     """Deadline for the whole command; ``None`` means the provider's default (no deadline for streams)."""
 
     def argv(self) -> list[str]:
-        """The process arguments this request stands for, as seed 002 defines the two modes."""
+        """The process arguments this request stands for, in either :class:`ExecMode`."""
         if self.mode is ExecMode.ARGV:
             return [self.command, *self.args]
         script = " ".join([self.command, *(shlex.quote(a) for a in self.args)]) if self.args else self.command
@@ -287,8 +180,11 @@ class ExecExit:
 
 ExecEvent = ExecOutput | ExecExit
 
+ExecStream: TypeAlias = AsyncGenerator[ExecEvent, None]
+"""What ``exec_stream`` returns; ``aclose()`` before the :class:`ExecExit` kills the command."""
 
-async def collect_exec(events: AsyncIterator[ExecEvent], *, output_limit: int, provider: str) -> ExecResult:
+
+async def collect_exec(events: ExecStream, *, output_limit: int, provider: str) -> ExecResult:
     """Run an ``exec_stream`` to completion: at most ``output_limit`` bytes of each stream are kept (``truncated``
     says when more came), and an :class:`ExecTimeoutError` is re-raised carrying the output received so far.
 
@@ -298,7 +194,7 @@ async def collect_exec(events: AsyncIterator[ExecEvent], *, output_limit: int, p
     truncated = False
     started = time.monotonic()
     try:
-        async with contextlib.aclosing(events) as stream:  # type: ignore[type-var]  # async generators close
+        async with contextlib.aclosing(events) as stream:
             async for event in stream:
                 if isinstance(event, ExecExit):
                     return ExecResult(event.exit_code, bytes(out), bytes(err), event.duration_ms, truncated)
@@ -416,38 +312,18 @@ class Capabilities:
 
 
 @runtime_checkable
-class WorkspaceProvider(Protocol):
-    """One backend. Every method addresses the workspace by the id given in its :class:`WorkspaceSpec`."""
+class WorkspaceCalls(Protocol):
+    """The calls that work inside a workspace, addressed by its id: exec and files.
 
-    name: str
-
-    async def create(self, spec: WorkspaceSpec) -> None:
-        """Create and start the workspace; return when it can run commands.
-
-        Raises:
-            ProviderUnavailableError: the runtime cannot serve (missing, unreachable, misconfigured).
-            ResourceLimitError: the requested limits cannot be granted.
-        """
-
-    async def destroy(self, workspace_id: str) -> None:
-        """Remove every runtime object of the workspace. Idempotent: destroying a missing workspace is fine."""
-
-    async def stop(self, workspace_id: str) -> None:
-        """Stop the workspace's processes and free CPU and memory; ``/workspace`` is kept."""
-
-    async def resume(self, workspace_id: str) -> None:
-        """Bring a stopped workspace back with its ``/workspace`` intact. Resuming a running one is a no-op."""
-
-    async def state(self, workspace_id: str) -> SandboxState:
-        """What the runtime holds for this workspace right now."""
-
-    async def list_workspaces(self) -> list[str]:
-        """Ids of every workspace this provider holds runtime objects for (running or stopped)."""
+    Every provider implements them (see :class:`WorkspaceProvider`); so does
+    :class:`corral.orchestrator.service.WorkspaceRuntime`, which the layers above the orchestrator (tools, checkout,
+    E2B's envd) hold instead of a provider, so that every call goes through the workspace service.
+    """
 
     async def exec(self, workspace_id: str, request: ExecRequest) -> ExecResult:
         """Run a command to completion. Nonzero exits are results; a passed deadline raises ExecTimeoutError."""
 
-    def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+    def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         """Run a command, yielding :class:`ExecOutput` chunks as produced and one :class:`ExecExit` last.
 
         Closing the iterator early kills the command.
@@ -458,11 +334,11 @@ class WorkspaceProvider(Protocol):
     # inside it are followed, and a path, symlink or ``..`` leading out raises InvalidRequestError. Without it, paths
     # are used as given.
 
-    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
-        """Open a file and return an iterator over its content in chunks.
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
+        """Open a file and return a stream of its content in chunks.
 
         Errors about the path (missing, a directory) are raised here, before the first chunk. The caller must
-        consume or ``aclose()`` the iterator. ``beneath``: see above.
+        consume or ``aclose()`` the stream. ``beneath``: see above.
         """
 
     async def write_file(
@@ -510,6 +386,38 @@ class WorkspaceProvider(Protocol):
     async def realpath(self, workspace_id: str, path: str, *, beneath: str | None = None) -> str:
         """The path with every symlink resolved (missing trailing components are kept as they are)."""
 
+
+@runtime_checkable
+class WorkspaceProvider(WorkspaceCalls, Protocol):
+    """One backend. Every method addresses the workspace by the id given in its :class:`WorkspaceSpec`.
+
+    Exec and file calls are those of :class:`WorkspaceCalls`; the rest is where a workspace lives."""
+
+    name: str
+
+    async def create(self, spec: WorkspaceSpec) -> None:
+        """Create and start the workspace; return when it can run commands.
+
+        Raises:
+            ProviderUnavailableError: the runtime cannot serve (missing, unreachable, misconfigured).
+            ResourceLimitError: the requested limits cannot be granted.
+        """
+
+    async def destroy(self, workspace_id: str) -> None:
+        """Remove every runtime object of the workspace. Idempotent: destroying a missing workspace is fine."""
+
+    async def stop(self, workspace_id: str) -> None:
+        """Stop the workspace's processes and free CPU and memory; ``/workspace`` is kept."""
+
+    async def resume(self, workspace_id: str) -> None:
+        """Bring a stopped workspace back with its ``/workspace`` intact. Resuming a running one is a no-op."""
+
+    async def state(self, workspace_id: str) -> WorkspaceState:
+        """What the runtime holds for this workspace right now."""
+
+    async def list_workspaces(self) -> list[str]:
+        """Ids of every workspace this provider holds runtime objects for (running or stopped)."""
+
     async def health(self) -> Health:
         """Fast, side-effect-free check that the provider can create workspaces now."""
 
@@ -555,3 +463,15 @@ class DeathWatcher(Protocol):
 
     def known_dead(self, workspace_id: str) -> bool:
         """True when the workspace is known to have stopped since it was created or resumed (no I/O)."""
+
+
+def __getattr__(name: str) -> type[WorkspaceState]:
+    """``SandboxState``, the old name of :class:`WorkspaceState`, with a DeprecationWarning until the next release."""
+    if name != "SandboxState":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{__name__}.SandboxState is deprecated and goes away in the next release; use {__name__}.WorkspaceState",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return WorkspaceState

@@ -1,6 +1,6 @@
 """The ``docker`` provider: workspaces as Docker containers under runc. Also the engine behind ``gvisor``.
 
-Layout of one workspace ``{id}`` (seed 003):
+Layout of one workspace ``{id}``:
 
 * volume ``agent-workspace-{id}`` mounted at ``/workspace``; it also carries the workspace spec in a label, so a
   stopped workspace can be resumed by any server process without a database;
@@ -32,12 +32,12 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.guest.client import GuestConnection, GuestConnectionLost
-from corral.guest.remote import AgentBackedProvider
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
+from corral.providers.agent_backed import AgentBackedProvider
 from corral.providers.agent_runtime import AGENT_COMMAND, RUNTIME_MOUNT, AgentRuntime, agent_environment
 from corral.providers.base import (
     WORKSPACE_ROOT,
@@ -45,9 +45,9 @@ from corral.providers.base import (
     Health,
     NetworkMode,
     ResourceLimits,
-    SandboxState,
     WorkspaceEvent,
     WorkspaceSpec,
+    WorkspaceState,
 )
 
 __all__ = ["DockerProvider", "volume_name"]
@@ -70,7 +70,7 @@ WARMUP_CONCURRENCY = 2
 
 
 def volume_name(workspace_id: str) -> str:
-    """The Docker volume holding ``/workspace`` (seed 003's name)."""
+    """The Docker volume holding ``/workspace``."""
     return f"agent-workspace-{workspace_id}"
 
 
@@ -82,8 +82,8 @@ def container_name(workspace_id: str) -> str:
 class DockerProvider(AgentBackedProvider):
     """Workspaces as hardened Docker containers with a named volume. ``runtime`` picks runc or runsc.
 
-    Exec and file operations come from :class:`~corral.guest.remote.AgentBackedProvider`; this class supplies the
-    agent connection (``_agent``) and everything about containers and volumes.
+    Exec and file operations come from :class:`~corral.providers.agent_backed.AgentBackedProvider`; this class
+    supplies the agent connection (``_agent``) and everything about containers and volumes.
     """
 
     name = "docker"
@@ -228,7 +228,7 @@ class DockerProvider(AgentBackedProvider):
     async def stop(self, workspace_id: str) -> None:
         """Remove the container (processes end, memory is freed); the volume stays."""
         if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
-            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         await self._drop_agent(workspace_id)
         self._expected_exits.add(workspace_id)
         await self._call(self.engine.remove_container(container_name(workspace_id)))
@@ -237,7 +237,7 @@ class DockerProvider(AgentBackedProvider):
         """Start a new container on the workspace's volume. A running workspace is left as it is."""
         volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
         if volume is None:
-            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is not None and info["State"].get("Running"):
             return
@@ -248,14 +248,14 @@ class DockerProvider(AgentBackedProvider):
         await self.check_runtime()
         await self._start_container(spec)
 
-    async def state(self, workspace_id: str) -> SandboxState:
+    async def state(self, workspace_id: str) -> WorkspaceState:
         """Running when the container runs; stopped when only the volume is left; else missing."""
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is not None and info["State"].get("Running"):
-            return SandboxState.RUNNING
+            return WorkspaceState.RUNNING
         if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is not None:
-            return SandboxState.STOPPED
-        return SandboxState.STOPPED if info is not None else SandboxState.MISSING
+            return WorkspaceState.STOPPED
+        return WorkspaceState.STOPPED if info is not None else WorkspaceState.MISSING
 
     async def list_workspaces(self) -> list[str]:
         """Ids of every workspace with a volume or a container of this provider (and this owner, if set)."""
@@ -379,9 +379,9 @@ class DockerProvider(AgentBackedProvider):
 
     async def _require_running(self, workspace_id: str) -> None:
         state = await self.state(workspace_id)
-        if state is SandboxState.MISSING:
-            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-        if state is SandboxState.STOPPED:
+        if state is WorkspaceState.MISSING:
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if state is WorkspaceState.STOPPED:
             raise WorkspaceStateError(
                 f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
             )
@@ -458,7 +458,7 @@ class DockerProvider(AgentBackedProvider):
         if "unknown runtime" in message.lower():
             return ProviderUnavailableError(self.name, f"gVisor runtime not available: {message}")
         if exc.status == 404 and workspace_id is not None:
-            return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            return WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         if "range of cpus" in message.lower() or ("memory" in message.lower() and exc.status == 400):
             return ResourceLimitError(f"{self.name}: {message}")
         return ProviderUnavailableError(self.name, message)

@@ -1,6 +1,6 @@
 """The ``e2b`` provider: workspaces as E2B sandboxes, through the official SDK's async API (``e2b.AsyncSandbox``).
 
-Where a workspace lives (seed 000's "managed" deployment): a sandbox created from ``E2B_TEMPLATE`` (``base``
+Where a workspace lives (the ``managed`` deployment mode): a sandbox created from ``E2B_TEMPLATE`` (``base``
 unless told otherwise; a spec naming an image other than ``CORRAL_BASE_IMAGE`` names the template instead), with
 metadata ``corral.workspace.id=<id>`` and ``corral.owner=<owner>`` so it can be found again by any server process,
 the spec's environment as sandbox variables, and ``allow_internet_access`` from the network mode. ``/workspace`` is
@@ -37,7 +37,7 @@ import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import httpx
 from connectrpc.code import Code
@@ -67,30 +67,29 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxNotFoundError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.providers.base import (
     WORKSPACE_ROOT,
+    ByteStream,
     Capabilities,
-    ExecEvent,
     ExecExit,
     ExecMode,
     ExecOutput,
     ExecRequest,
     ExecResult,
+    ExecStream,
     FileInfo,
     Health,
     WorkspaceSpec,
+    WorkspaceState,
     check_beneath,
     check_path,
     collect_exec,
     escape_error,
     lies_beneath,
-)
-from corral.providers.base import (
-    SandboxState as CorralSandboxState,
 )
 
 if TYPE_CHECKING:
@@ -235,7 +234,7 @@ class E2BProvider:
     async def _existing(self, workspace_id: str) -> _Handle:
         handle = await self._find(workspace_id)
         if handle is None:
-            raise SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         return handle
 
     async def _running(self, workspace_id: str) -> AsyncSandbox:
@@ -244,7 +243,7 @@ class E2BProvider:
         if handle.sandbox is not None and not handle.paused:
             return handle.sandbox
         state = await self._sandbox_state(workspace_id, handle)
-        if state is CorralSandboxState.STOPPED:
+        if state is WorkspaceState.STOPPED:
             raise WorkspaceStateError(
                 f"workspace {workspace_id} is stopped (its E2B sandbox is paused); resume it first",
                 details={"id": workspace_id},
@@ -256,26 +255,26 @@ class E2BProvider:
             raise self._translate(exc, workspace_id) from exc
         return handle.sandbox
 
-    async def _sandbox_state(self, workspace_id: str, handle: _Handle) -> CorralSandboxState:
+    async def _sandbox_state(self, workspace_id: str, handle: _Handle) -> WorkspaceState:
         try:
             info = await AsyncSandbox.get_info(handle.sandbox_id, **self._opts)
         except (SandboxNotFoundException, NotFoundException):
             self._handles.pop(workspace_id, None)
-            return CorralSandboxState.MISSING
+            return WorkspaceState.MISSING
         except Exception as exc:
             raise self._translate(exc, workspace_id) from exc
         handle.paused = info.state == SandboxState.PAUSED
         if handle.paused:
             handle.sandbox = None
-        return CorralSandboxState.STOPPED if handle.paused else CorralSandboxState.RUNNING
+        return WorkspaceState.STOPPED if handle.paused else WorkspaceState.RUNNING
 
     async def _gone(self, workspace_id: str, exc: BaseException) -> CorralError:
         """The error for an envd call that found its sandbox not running: not found, stopped, or unreachable."""
         handle = self._handles.get(workspace_id)
-        state = CorralSandboxState.MISSING if handle is None else await self._sandbox_state(workspace_id, handle)
-        if state is CorralSandboxState.MISSING:
-            return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-        if state is CorralSandboxState.STOPPED:
+        state = WorkspaceState.MISSING if handle is None else await self._sandbox_state(workspace_id, handle)
+        if state is WorkspaceState.MISSING:
+            return WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if state is WorkspaceState.STOPPED:
             return WorkspaceStateError(
                 f"workspace {workspace_id} is stopped (its E2B sandbox is paused); resume it first",
                 details={"id": workspace_id},
@@ -351,11 +350,11 @@ class E2BProvider:
             raise self._translate(exc, workspace_id) from exc
         handle.sandbox, handle.paused = sandbox, False
 
-    async def state(self, workspace_id: str) -> CorralSandboxState:
+    async def state(self, workspace_id: str) -> WorkspaceState:
         """Running, stopped (paused) or missing, as the E2B API says."""
         handle = await self._find(workspace_id)
         if handle is None:
-            return CorralSandboxState.MISSING
+            return WorkspaceState.MISSING
         return await self._sandbox_state(workspace_id, handle)
 
     async def list_workspaces(self) -> list[str]:
@@ -388,7 +387,7 @@ class E2BProvider:
             provider=self.name,
         )
 
-    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncIterator[ExecEvent]:
+    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         """Yield output as envd forwards it, then the exit; closing early kills the command."""
         request.validate()
         sandbox = await self._running(workspace_id)
@@ -405,14 +404,18 @@ class E2BProvider:
         request: ExecRequest,
         *,
         user: str | None = None,
-    ) -> AsyncGenerator[ExecEvent]:
+    ) -> ExecStream:
         rpc = create_rpc_client(process_connect.ProcessClient, sandbox.envd_api_url, sandbox.connection_config)
         timeout_s = request.timeout_s
         config = process_pb.ProcessConfig(cmd=argv[0], args=argv[1:], envs=dict(request.env), cwd=request.cwd)
-        events = rpc.start(
-            process_pb.StartRequest(process=config, stdin=False),
-            headers={**_user_header(user), KEEPALIVE_PING_HEADER: str(KEEPALIVE_PING_INTERVAL_SEC)},
-            timeout_ms=None if timeout_s is None else int((timeout_s + STREAM_GRACE_S) * 1000),
+        # connectrpc types its server streams as iterators, but they are async generators: closing one ends the RPC.
+        events = cast(
+            "AsyncGenerator[process_pb.StartResponse, None]",
+            rpc.start(
+                process_pb.StartRequest(process=config, stdin=False),
+                headers={**_user_header(user), KEEPALIVE_PING_HEADER: str(KEEPALIVE_PING_INTERVAL_SEC)},
+                timeout_ms=None if timeout_s is None else int((timeout_s + STREAM_GRACE_S) * 1000),
+            ),
         )
         started = time.monotonic()
         deadline = None if timeout_s is None else started + timeout_s
@@ -438,7 +441,7 @@ class E2BProvider:
             raise self._translate(exc, workspace_id) from exc
         finally:
             with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]  # connectrpc streams are async generators
+                await events.aclose()
             if pid is not None and not finished:
                 with contextlib.suppress(Exception):
                     await sandbox.commands.kill(pid, request_timeout=10)
@@ -481,7 +484,7 @@ class E2BProvider:
         except Exception as exc:
             raise self._translate(exc, workspace_id, files=True) from exc
 
-    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
         """Open for streaming; a missing file raises WorkspaceFileNotFoundError before the first chunk."""
         path = check_path(path)
         if beneath is not None:
@@ -490,7 +493,7 @@ class E2BProvider:
         reader = await self._file_call(workspace_id, sandbox.files.read(path, format="stream"))
         return self._chunks(workspace_id, reader)
 
-    async def _chunks(self, workspace_id: str, reader: Any) -> AsyncIterator[bytes]:
+    async def _chunks(self, workspace_id: str, reader: Any) -> ByteStream:
         try:
             async for chunk in reader:
                 yield bytes(chunk)
@@ -686,7 +689,7 @@ class E2BProvider:
             return FileOperationError(message)
         if isinstance(exc, SandboxNotFoundException) and workspace_id is not None:
             self._handles.pop(workspace_id, None)
-            return SandboxNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            return WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         if isinstance(exc, ConnectError):
             return ProviderUnavailableError(self.name, f"envd error {exc.code.value}: {exc.message}")
         if isinstance(exc, httpx.HTTPError | OSError):

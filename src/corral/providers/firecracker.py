@@ -18,7 +18,7 @@ The VM boots the manager's root filesystem (``CORRAL_FIRECRACKER_ROOTFS``, built
 
 On a host where KVM cannot boot guests (Corral's CI: PVM KVM, no firecracker binary) ``health`` is unhealthy with
 the probe's reason and ``create`` refuses with it; everything here is tested against the manager running the
-Firecracker API double (:mod:`corral.microvm.fake_firecracker`).
+Firecracker API double (:mod:`corral.testing.firecracker`).
 """
 
 from __future__ import annotations
@@ -37,21 +37,21 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.guest.client import GuestConnection, GuestConnectionLost
-from corral.guest.remote import AgentBackedProvider
 from corral.microvm.manager import READINESS_CACHE_S, FirecrackerManager, ManagerConfig, config_from_settings
 from corral.microvm.readiness import Check, Readiness, ReadinessConfig, probe
 from corral.microvm.server import create_manager_app
 from corral.microvm.vsock import VsockConnectError, connect
+from corral.providers.agent_backed import AgentBackedProvider
 from corral.providers.base import (
     Capabilities,
     ExecRequest,
     Health,
-    SandboxState,
     WorkspaceSpec,
+    WorkspaceState,
 )
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ MANAGER_TIMEOUT_S = 120.0
 """Per request to the manager: a create clones a disk and boots a VM."""
 
 _ERRORS: dict[str, type[CorralError]] = {
-    "workspace_not_found": SandboxNotFoundError,
+    "workspace_not_found": WorkspaceNotFoundError,
     "workspace_state_conflict": WorkspaceStateError,
     "resource_limit": ResourceLimitError,
     "invalid_request": InvalidRequestError,
@@ -196,13 +196,13 @@ class FirecrackerProvider(AgentBackedProvider):
         await self._request("POST", f"/vms/{workspace_id}/resume")
         await self._agent(workspace_id)
 
-    async def state(self, workspace_id: str) -> SandboxState:
+    async def state(self, workspace_id: str) -> WorkspaceState:
         """Running or stopped as the manager sees it; missing when it does not know the id."""
         try:
             vm = await self._vm(workspace_id)
-        except SandboxNotFoundError:
-            return SandboxState.MISSING
-        return SandboxState.RUNNING if vm["state"] == "running" else SandboxState.STOPPED
+        except WorkspaceNotFoundError:
+            return WorkspaceState.MISSING
+        return WorkspaceState.RUNNING if vm["state"] == "running" else WorkspaceState.STOPPED
 
     async def list_workspaces(self) -> list[str]:
         """Every VM the manager holds, running or stopped."""

@@ -1,6 +1,6 @@
 """The ``gvisor`` provider: the docker provider's containers, run by gVisor's ``runsc`` (a user-space kernel).
 
-Two dockerd runtimes are used, both registered by ``make bootstrap`` (see ENVIRONMENT.md for why):
+Two dockerd runtimes are used, both registered by ``make bootstrap`` (the README's "Two commands"):
 
 * ``runsc`` with ``--network=none`` for ``isolated`` workspaces (the default): no network stack at all;
 * ``runsc-net`` with ``--network=host`` for ``default`` workspaces. "host" here is the container's own network

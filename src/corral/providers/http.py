@@ -19,7 +19,7 @@ import base64
 import json
 import posixpath
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -32,23 +32,25 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.providers.base import (
     WORKSPACE_ROOT,
+    ByteStream,
     Capabilities,
     ExecEvent,
     ExecExit,
     ExecOutput,
     ExecRequest,
     ExecResult,
+    ExecStream,
     FileInfo,
     Health,
-    SandboxState,
     WorkspaceSpec,
+    WorkspaceState,
     check_beneath,
     check_path,
     collect_exec,
@@ -65,8 +67,8 @@ NOT_CONFIGURED = "CORRAL_HTTP_PROVIDER_URL is not set"
 
 ERROR_CODES: dict[str, type[CorralError]] = {
     "invalid_request": InvalidRequestError,
-    "workspace_not_found": SandboxNotFoundError,
-    "workspace_destroyed": SandboxDestroyedError,
+    "workspace_not_found": WorkspaceNotFoundError,
+    "workspace_destroyed": WorkspaceDestroyedError,
     "workspace_state_conflict": WorkspaceStateError,
     "exec_timeout": ExecTimeoutError,
     "resource_limit": ResourceLimitError,
@@ -76,7 +78,7 @@ ERROR_CODES: dict[str, type[CorralError]] = {
 """Backend error code -> the error raised here. Any other code (``provider_unavailable`` included), a refused token
 and an answer without a contract error body raise :class:`ProviderUnavailableError`."""
 
-_STATES = {s.value: s for s in SandboxState}
+_STATES = {s.value: s for s in WorkspaceState}
 
 
 class HttpProvider:
@@ -209,7 +211,7 @@ class HttpProvider:
         """Resume a stopped workspace; a no-op for a running one."""
         await self._call("POST", f"{self._ws(workspace_id)}/resume")
 
-    async def state(self, workspace_id: str) -> SandboxState:
+    async def state(self, workspace_id: str) -> WorkspaceState:
         """Running, stopped or missing, as the backend says."""
         payload = await self._json("GET", self._ws(workspace_id))
         state = _STATES.get(str(payload.get("state"))) if isinstance(payload, dict) else None
@@ -230,7 +232,7 @@ class HttpProvider:
             self.exec_stream(workspace_id, request), output_limit=self.output_limit, provider=self.name
         )
 
-    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> AsyncGenerator[ExecEvent, None]:
+    async def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         """POST the argv and yield the NDJSON lines as they arrive; closing early closes the connection."""
         request.validate()
         body = {"argv": request.argv(), "cwd": request.cwd, "env": dict(request.env), "timeout_s": request.timeout_s}
@@ -275,13 +277,13 @@ class HttpProvider:
         await check_beneath(self, workspace_id, path, beneath, follow=follow)
         return {"beneath": beneath}
 
-    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> AsyncIterator[bytes]:
+    async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
         """Open the file (errors are raised here) and return an iterator over its streamed content."""
         params = {"path": path, **await self._beneath(workspace_id, path, beneath)}
         response = await self._call("GET", f"{self._ws(workspace_id)}/files", params=params, stream=True)
         return self._body(response)
 
-    async def _body(self, response: httpx.Response) -> AsyncGenerator[bytes, None]:
+    async def _body(self, response: httpx.Response) -> ByteStream:
         try:
             async for chunk in response.aiter_bytes():
                 yield chunk

@@ -36,6 +36,7 @@ from corral.providers.base import (
     WorkspaceProvider,
     WorkspaceSpec,
 )
+from corral.streams import relay
 
 __all__ = ["create_backend_app", "file_info_to_json", "parse_mode"]
 
@@ -218,9 +219,7 @@ def create_backend_app(provider: WorkspaceProvider, *, token: str) -> FastAPI:  
         except Exception as exc:  # the status line is sent: the error must travel in the stream
             yield _line({"error": {"code": "internal_error", "message": f"{type(exc).__name__}: {exc}"}})
         finally:
-            aclose = getattr(events, "aclose", None)
-            if aclose is not None:  # closing early (client gone) kills the command
-                await aclose()
+            await events.aclose()  # closing early (client gone) kills the command
 
     # -- files ----------------------------------------------------------------------------------------------------
 
@@ -229,17 +228,7 @@ def create_backend_app(provider: WorkspaceProvider, *, token: str) -> FastAPI:  
     @app.get(ws + "/files")
     async def read_file(workspace_id: str, path: str, beneath: str | None = None) -> StreamingResponse:
         chunks = await provider.read_file(workspace_id, path, beneath=beneath)
-
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in chunks:
-                    yield chunk
-            finally:
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    await aclose()
-
-        return StreamingResponse(body(), media_type="application/octet-stream")
+        return StreamingResponse(relay(chunks), media_type="application/octet-stream")
 
     @app.put(ws + "/files")
     async def write_file(

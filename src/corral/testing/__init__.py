@@ -1,4 +1,11 @@
-"""Test helpers shipped with Corral: the provider conformance suite every backend runs.
+"""Test helpers shipped with Corral.
+
+===============  ===================================================================================================
+``conformance``  the provider conformance suite every backend runs (exported here)
+``firecracker``  a test double of the firecracker binary that enforces its API (no KVM needed);
+                 ``python -m corral.testing.firecracker``
+``microvm``      helpers for microVM tests: network namespaces, host leftover checks, a manager over the double
+===============  ===================================================================================================
 
 Importing this package needs pytest (the ``dev`` extra).
 """

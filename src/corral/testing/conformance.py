@@ -49,9 +49,9 @@ from corral.errors import (
     ExecTimeoutError,
     FileOperationError,
     InvalidRequestError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.providers.base import (
@@ -61,9 +61,9 @@ from corral.providers.base import (
     ExecMode,
     ExecOutput,
     ExecRequest,
-    SandboxState,
     WorkspaceProvider,
     WorkspaceSpec,
+    WorkspaceState,
 )
 
 __all__ = ["ProviderConformance", "SpecFactory", "WorkspaceTracker"]
@@ -71,7 +71,7 @@ __all__ = ["ProviderConformance", "SpecFactory", "WorkspaceTracker"]
 SpecFactory = Callable[[], WorkspaceSpec]
 """Returns a new :class:`WorkspaceSpec` with a unique id on every call."""
 
-_GONE = (SandboxNotFoundError, SandboxDestroyedError)
+_GONE = (WorkspaceNotFoundError, WorkspaceDestroyedError)
 """What exec and file calls raise once a workspace is destroyed."""
 
 _MIB = 1024 * 1024
@@ -224,7 +224,7 @@ class ProviderConformance:
     ) -> None:
         """A created workspace is running, runs commands and appears in list_workspaces."""
         workspace_id = await workspaces.create()
-        assert await provider.state(workspace_id) is SandboxState.RUNNING
+        assert await provider.state(workspace_id) is WorkspaceState.RUNNING
         result = await provider.exec(workspace_id, ExecRequest("echo hello"))
         assert (result.exit_code, result.stdout) == (0, b"hello\n")
         assert workspace_id in await provider.list_workspaces()
@@ -235,7 +235,7 @@ class ProviderConformance:
         """After destroy the workspace is missing and unlisted, and destroying it again is fine."""
         workspace_id = await workspaces.create()
         await provider.destroy(workspace_id)
-        assert await provider.state(workspace_id) is SandboxState.MISSING
+        assert await provider.state(workspace_id) is WorkspaceState.MISSING
         assert workspace_id not in await provider.list_workspaces()
         await provider.destroy(workspace_id)
 
@@ -248,7 +248,7 @@ class ProviderConformance:
     async def test_calls_after_destroy_raise_not_found(
         self, provider: WorkspaceProvider, workspaces: WorkspaceTracker
     ) -> None:
-        """After destroy, exec and every file call raise SandboxNotFoundError or SandboxDestroyedError."""
+        """After destroy, exec and every file call raise WorkspaceNotFoundError or WorkspaceDestroyedError."""
         workspace_id = await workspaces.create()
         await provider.write_file(workspace_id, "/workspace/kept.txt", b"data")
         await provider.destroy(workspace_id)
@@ -269,14 +269,14 @@ class ProviderConformance:
     async def test_unknown_workspace_raises_not_found(
         self, provider: WorkspaceProvider, spec_factory: SpecFactory
     ) -> None:
-        """Exec, read_file and stat on an id that was never created raise SandboxNotFoundError; state is missing."""
+        """Exec, read_file and stat on an id that was never created raise WorkspaceNotFoundError; state is missing."""
         unknown = spec_factory().id
-        assert await provider.state(unknown) is SandboxState.MISSING
-        with pytest.raises(SandboxNotFoundError):
+        assert await provider.state(unknown) is WorkspaceState.MISSING
+        with pytest.raises(WorkspaceNotFoundError):
             await provider.exec(unknown, ExecRequest("true"))
-        with pytest.raises(SandboxNotFoundError):
+        with pytest.raises(WorkspaceNotFoundError):
             await provider.read_file(unknown, "/workspace/file.txt")
-        with pytest.raises(SandboxNotFoundError):
+        with pytest.raises(WorkspaceNotFoundError):
             await provider.stat(unknown, "/workspace")
 
     async def test_concurrent_creates(self, provider: WorkspaceProvider, workspaces: WorkspaceTracker) -> None:
@@ -286,7 +286,7 @@ class ProviderConformance:
         results = await asyncio.gather(*(provider.exec(i, ExecRequest("echo", (i,))) for i in ids))
         assert [r.stdout for r in results] == [f"{i}\n".encode() for i in ids]
         await asyncio.gather(*(provider.destroy(i) for i in ids))
-        assert set(await asyncio.gather(*(provider.state(i) for i in ids))) == {SandboxState.MISSING}
+        assert set(await asyncio.gather(*(provider.state(i) for i in ids))) == {WorkspaceState.MISSING}
 
     # -- stop and resume ------------------------------------------------------------------------------------------
 
@@ -298,10 +298,10 @@ class ProviderConformance:
         content = bytes(range(256)) * 16
         await provider.write_file(workspace, "/workspace/state/kept.bin", content)
         await provider.stop(workspace)
-        assert await provider.state(workspace) is SandboxState.STOPPED
+        assert await provider.state(workspace) is WorkspaceState.STOPPED
         assert workspace in await provider.list_workspaces()
         await provider.resume(workspace)
-        assert await provider.state(workspace) is SandboxState.RUNNING
+        assert await provider.state(workspace) is WorkspaceState.RUNNING
         assert await _read_all(provider, workspace, "/workspace/state/kept.bin") == content
         result = await provider.exec(workspace, ExecRequest("cat /workspace/state/kept.bin"))
         assert result.stdout == content
@@ -319,7 +319,7 @@ class ProviderConformance:
         """Resuming a running workspace keeps it running with its files."""
         await provider.write_file(workspace, "/workspace/still-here.txt", b"yes")
         await provider.resume(workspace)
-        assert await provider.state(workspace) is SandboxState.RUNNING
+        assert await provider.state(workspace) is WorkspaceState.RUNNING
         assert await _read_all(provider, workspace, "/workspace/still-here.txt") == b"yes"
         assert (await provider.exec(workspace, ExecRequest("true"))).exit_code == 0
 

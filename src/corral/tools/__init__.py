@@ -10,9 +10,9 @@ Paths are relative to ``/workspace``; ``read`` counts lines from 1; grep and glo
 ``/workspace``. See each module for the details of one tool.
 """
 
+from corral.errors import ToolNotAllowedError, UnknownToolError
 from corral.tools._common import ToolLimits
 from corral.tools.audit import summarize_arguments
-from corral.tools.errors import ToolNotAllowedError, UnknownToolError
 from corral.tools.git import check_git_args
 from corral.tools.policy import VALID_TOOLS, ToolPolicy, check_tool_allowed, validate_tool_names
 from corral.tools.toolbox import Toolbox

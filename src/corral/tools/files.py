@@ -12,20 +12,12 @@ can be fed back to ``edit``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from corral.errors import InvalidRequestError, ToolError
 from corral.orchestrator.paths import lexically_confined
-from corral.providers.base import WORKSPACE_ROOT, WorkspaceProvider
+from corral.providers.base import WORKSPACE_ROOT, WorkspaceCalls
 from corral.tools._common import Arguments, ToolLimits, workspace_relative
 
 __all__ = ["edit_file", "read_file", "write_file"]
-
-
-async def _close(stream: AsyncIterator[bytes]) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
 
 
 def _binary_error(display: str) -> ToolError:
@@ -35,7 +27,7 @@ def _binary_error(display: str) -> ToolError:
     )
 
 
-async def _writable_path(provider: WorkspaceProvider, workspace_id: str, path: str) -> tuple[str, str]:
+async def _writable_path(provider: WorkspaceCalls, workspace_id: str, path: str) -> tuple[str, str]:
     """The confined absolute path to write to and its display form; refuses ``.git`` internals."""
     absolute = lexically_confined(path)
     display = workspace_relative(absolute)
@@ -75,9 +67,7 @@ class _LineWindow:
         self.chars += len(text)
 
 
-async def read_file(
-    provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits
-) -> dict[str, object]:
+async def read_file(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``read {path, offset?, limit?}`` -> ``{content, total_lines, truncated}``."""
     args = Arguments("read", raw, ("path", "offset", "limit"))
     path = args.string("path")
@@ -108,15 +98,13 @@ async def read_file(
             if seen >= limits.read_max_bytes and window.truncated:
                 break
     finally:
-        await _close(stream)
+        await stream.aclose()  # leaving early stops the agent reading the file
     if pending:
         window.add(pending)
     return {"content": "".join(window.lines), "total_lines": window.count, "truncated": window.truncated}
 
 
-async def write_file(
-    provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits
-) -> dict[str, object]:
+async def write_file(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``write {path, content}`` -> ``{bytes_written}``; missing parent directories are created."""
     args = Arguments("write", raw, ("path", "content"))
     path = args.string("path")
@@ -134,7 +122,7 @@ async def write_file(
 
 
 async def _read_all(
-    provider: WorkspaceProvider, workspace_id: str, absolute: str, display: str, limits: ToolLimits
+    provider: WorkspaceCalls, workspace_id: str, absolute: str, display: str, limits: ToolLimits
 ) -> bytes:
     buf = bytearray()
     stream = await provider.read_file(workspace_id, absolute, beneath=WORKSPACE_ROOT)
@@ -147,15 +135,13 @@ async def _read_all(
                     details={"path": display},
                 )
     finally:
-        await _close(stream)
+        await stream.aclose()
     if b"\x00" in buf[: limits.binary_sniff_bytes]:
         raise _binary_error(display)
     return bytes(buf)
 
 
-async def edit_file(
-    provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits
-) -> dict[str, object]:
+async def edit_file(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``edit {path, old_string, new_string, replace_all?}`` -> ``{replacements}``.
 
     The match is exact (bytes of the UTF-8 text); the file's mode is kept.

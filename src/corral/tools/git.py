@@ -77,7 +77,7 @@ from dataclasses import dataclass, field
 
 from corral.errors import ExecTimeoutError, FileOperationError, InvalidRequestError, ToolError
 from corral.orchestrator.paths import confine, lexically_confined
-from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ExecResult, WorkspaceProvider
+from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ExecResult, WorkspaceCalls
 from corral.tools._common import Arguments, ToolLimits, cap_text
 from corral.tools.shell import TIMEOUT_EXIT_CODE
 
@@ -780,7 +780,7 @@ def _result(result: ExecResult, limits: ToolLimits, note: str = "") -> dict[str,
 
 
 async def _git(
-    provider: WorkspaceProvider, workspace_id: str, args: list[str], env: Mapping[str, str], limits: ToolLimits
+    provider: WorkspaceCalls, workspace_id: str, args: list[str], env: Mapping[str, str], limits: ToolLimits
 ) -> ExecResult:
     request = ExecRequest(
         "git",
@@ -831,7 +831,7 @@ def _inside_workspace(path: str) -> bool:
 
 
 async def _inspect_repository(
-    provider: WorkspaceProvider, workspace_id: str, plan: GitPlan, env: Mapping[str, str], limits: ToolLimits
+    provider: WorkspaceCalls, workspace_id: str, plan: GitPlan, env: Mapping[str, str], limits: ToolLimits
 ) -> _Findings | ExecResult:
     """Where the repository is and which of its configuration keys need overriding; an ExecResult when git failed
     (bad configuration, missing directory), to be reported as the call's result."""
@@ -875,7 +875,7 @@ async def _inspect_repository(
     return _Findings(tuple(dict.fromkeys(overrides)), tuple(neutralised))
 
 
-async def _resolve_paths(provider: WorkspaceProvider, workspace_id: str, plan: GitPlan) -> None:
+async def _resolve_paths(provider: WorkspaceCalls, workspace_id: str, plan: GitPlan) -> None:
     """``-C``/``--git-dir``/``--work-tree`` and written paths must stay inside through symlinks, written paths must
     not resolve into a ``.git`` directory, and directories git names files in must hold no symlink."""
     for option, path in plan.confined:
@@ -899,7 +899,7 @@ async def _resolve_paths(provider: WorkspaceProvider, workspace_id: str, plan: G
             raise _refuse(label, f"{path!r} holds symlinks ({', '.join(links[:5])}); git could write through them")
 
 
-async def run_git(provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
+async def run_git(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``git {args: [...]}`` -> ``{exit_code, stdout, stderr}``; a nonzero exit is a result, not an error.
 
     Raises:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from corral.errors import InvalidRequestError
-from corral.tools.errors import ToolNotAllowedError, UnknownToolError
+from corral.errors import InvalidRequestError, ToolNotAllowedError, UnknownToolError
 
 __all__ = ["VALID_TOOLS", "ToolPolicy", "check_tool_allowed", "validate_tool_names"]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from corral.errors import ExecTimeoutError, InvalidRequestError, ToolError
 from corral.orchestrator.paths import confine, lexically_confined
-from corral.providers.base import WORKSPACE_ROOT, ExecEvent, ExecExit, ExecMode, ExecRequest, WorkspaceProvider
+from corral.providers.base import WORKSPACE_ROOT, ExecEvent, ExecExit, ExecMode, ExecRequest, WorkspaceCalls
 from corral.tools._common import Arguments, ToolLimits, workspace_relative
 
 __all__ = ["glob_paths", "grep", "rg_argv"]
@@ -80,7 +80,7 @@ class _RgCollector:
         return len(self.matches) > self.limits.grep_max_matches
 
 
-async def grep(provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
+async def grep(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``grep {pattern, path?, include?, case_insensitive?}`` -> ``{matches: [{path, line_number, line}], truncated}``.
 
     A search that passes the match cap or the deadline returns what it found with ``truncated: true``.
@@ -109,9 +109,7 @@ async def grep(provider: WorkspaceProvider, workspace_id: str, raw: object, limi
     except ExecTimeoutError:
         truncated = True  # what was found before the deadline is returned
     finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()  # stops rg when we leave early
+        await events.aclose()  # stops rg when we leave early
     if truncated:
         return {"matches": out.matches[: limits.grep_max_matches], "truncated": True}
     _raise_for_rg_failure(out)
@@ -141,9 +139,7 @@ def _check_glob_pattern(pattern: str) -> None:
         )
 
 
-async def glob_paths(
-    provider: WorkspaceProvider, workspace_id: str, raw: object, limits: ToolLimits
-) -> dict[str, object]:
+async def glob_paths(provider: WorkspaceCalls, workspace_id: str, raw: object, limits: ToolLimits) -> dict[str, object]:
     """``glob {pattern, path?}`` -> ``{paths, truncated}``, paths sorted and relative to ``/workspace``."""
     args = Arguments("glob", raw, ("pattern", "path"))
     pattern = args.string("pattern", max_chars=1000)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from corral.errors import ExecTimeoutError, InvalidRequestError
-from corral.providers.base import ExecMode, ExecRequest, WorkspaceProvider
+from corral.providers.base import ExecMode, ExecRequest, WorkspaceCalls
 from corral.tools._common import Arguments, ToolLimits, cap_text
 
 __all__ = ["SHELL_STATE_ROOT", "TIMEOUT_EXIT_CODE", "run_bash", "shell_state_dir"]
@@ -77,7 +77,7 @@ def shell_state_dir(session_id: str) -> str:
 
 
 async def run_bash(
-    provider: WorkspaceProvider, workspace_id: str, session_id: str, raw: object, limits: ToolLimits
+    provider: WorkspaceCalls, workspace_id: str, session_id: str, raw: object, limits: ToolLimits
 ) -> dict[str, object]:
     """``bash {command, timeout_s?}`` -> ``{exit_code, stdout, stderr, timed_out, truncated}``."""
     args = Arguments("bash", raw, ("command", "timeout_s"))

@@ -1,12 +1,12 @@
-"""The agent tools of one session, bound to one workspace on any :class:`WorkspaceProvider`."""
+"""The agent tools of one session, bound to one workspace on any :class:`WorkspaceCalls`."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from corral.providers.base import WorkspaceProvider
+from corral.errors import UnknownToolError
+from corral.providers.base import WorkspaceCalls
 from corral.tools._common import ToolLimits
-from corral.tools.errors import UnknownToolError
 from corral.tools.files import edit_file, read_file, write_file
 from corral.tools.git import run_git
 from corral.tools.policy import VALID_TOOLS
@@ -29,7 +29,7 @@ class Toolbox:
 
     def __init__(
         self,
-        provider: WorkspaceProvider,
+        provider: WorkspaceCalls,
         workspace_id: str,
         *,
         session_id: str,

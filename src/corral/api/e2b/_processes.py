@@ -32,13 +32,13 @@ import logging
 import secrets
 import signal as signals
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from corral.api.e2b._connect import ConnectCode, ConnectError, b64encode
 from corral.errors import CorralError, ExecTimeoutError
-from corral.providers.base import ExecMode, ExecOutput, ExecRequest, WorkspaceProvider
+from corral.providers.base import ExecMode, ExecOutput, ExecRequest, WorkspaceCalls
 
 __all__ = ["MARKER_ENV", "ProcessRegistry", "Subscriber", "TrackedProcess"]
 
@@ -231,7 +231,7 @@ class ProcessRegistry:
     def start(
         self,
         sandbox_id: str,
-        provider: WorkspaceProvider,
+        provider: WorkspaceCalls,
         *,
         cmd: str,
         args: list[str],
@@ -277,7 +277,7 @@ class ProcessRegistry:
         process.task = asyncio.create_task(self._pump(process, provider, request), name=f"e2b-process-{process.pid}")
         return process, subscriber
 
-    async def _pump(self, process: TrackedProcess, provider: WorkspaceProvider, request: ExecRequest) -> None:
+    async def _pump(self, process: TrackedProcess, provider: WorkspaceCalls, request: ExecRequest) -> None:
         stream = provider.exec_stream(process.sandbox_id, request)
         final: Event | ConnectError = ConnectError(ConnectCode.INTERNAL, "the command ended without an exit status")
         try:
@@ -301,12 +301,10 @@ class ProcessRegistry:
         finally:
             self._processes.pop((process.sandbox_id, process.pid), None)
             process.finish(final)
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
+            with contextlib.suppress(Exception):
+                await stream.aclose()
 
-    async def signal(self, process: TrackedProcess, provider: WorkspaceProvider, signum: int) -> None:
+    async def signal(self, process: TrackedProcess, provider: WorkspaceCalls, signum: int) -> None:
         """Deliver SIGKILL (by closing the command's stream) or SIGTERM (by marker, see the module docstring)."""
         process.signal = signum
         if signum == signals.SIGKILL:
@@ -325,7 +323,7 @@ class ProcessRegistry:
         )
         await provider.exec(process.sandbox_id, request)
 
-    async def send_input(self, process: TrackedProcess, provider: WorkspaceProvider, data: bytes) -> None:
+    async def send_input(self, process: TrackedProcess, provider: WorkspaceCalls, data: bytes) -> None:
         """Queue bytes for the command's stdin.
 
         Raises:
@@ -338,7 +336,7 @@ class ProcessRegistry:
             await provider.write_file(process.sandbox_id, f"{directory}/.part{seq}", data)
             await provider.move(process.sandbox_id, f"{directory}/.part{seq}", f"{directory}/{seq}")
 
-    async def close_stdin(self, process: TrackedProcess, provider: WorkspaceProvider) -> None:
+    async def close_stdin(self, process: TrackedProcess, provider: WorkspaceCalls) -> None:
         """Let the command read end-of-file once it has read everything sent so far."""
         directory = self._stdin_dir(process)
         async with process.stdin_lock:
@@ -373,7 +371,7 @@ class ProcessRegistry:
 
 async def stream_events(
     process: TrackedProcess, subscriber: Subscriber, *, keepalive_s: float | None, deadline_s: float | None
-) -> AsyncIterator[Event | ConnectError]:
+) -> AsyncGenerator[Event | ConnectError, None]:
     """A listener's items for one RPC stream: the start event, then events (with keepalives) up to the last one."""
     yield {"start": {"pid": process.pid}}
     deadline = None if deadline_s is None else time.monotonic() + deadline_s

@@ -107,7 +107,7 @@ class E2BState:
         """Store new extras in the workspace's metadata."""
         self._envs[record.id] = dict(extras.envs)
         metadata = {**record.metadata, METADATA_KEY: extras.to_json()}
-        return await self.service.store.workspaces.update(record.id, metadata=metadata)
+        return await self.service.set_metadata(record.id, metadata)
 
     async def set_timeout(self, record: WorkspaceRecord, timeout_s: int, *, only_extend: bool = False) -> None:
         """Make the sandbox time out ``timeout_s`` from now (with ``only_extend``, never sooner than before)."""

@@ -35,8 +35,8 @@ from corral.errors import (
     InvalidRequestError,
     ProviderNotFoundError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    WorkspaceDestroyedError,
+    WorkspaceNotFoundError,
 )
 from corral.orchestrator.service import CreateWorkspace
 from corral.providers.base import parse_cpu, parse_size
@@ -74,7 +74,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _status_of(exc: CorralError) -> int:
-    if isinstance(exc, SandboxNotFoundError | SandboxDestroyedError):
+    if isinstance(exc, WorkspaceNotFoundError | WorkspaceDestroyedError):
         return 404
     if isinstance(exc, InvalidRequestError | ProviderNotFoundError):
         return 400
@@ -223,7 +223,7 @@ async def _visible(state: E2BState, sandbox_id: str) -> WorkspaceRecord:
     """A running or paused sandbox, or 404 as E2B says it."""
     try:
         record = await state.service.get(sandbox_id)
-    except SandboxNotFoundError:
+    except WorkspaceNotFoundError:
         record = None
     if record is None or record.status not in ("ready", "stopped") or record.pool_key is not None:
         raise E2BApiError(404, f"sandbox {sandbox_id!r} doesn't exist or you don't have access to it")

@@ -35,7 +35,7 @@ import signal as signals
 import stat as statlib
 import time
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -69,17 +69,18 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
-    SandboxDestroyedError,
-    SandboxNotFoundError,
+    WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
+    WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, FileInfo, WorkspaceProvider, check_path
+from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, FileInfo, WorkspaceCalls, check_path
+from corral.streams import relay
 
 __all__ = ["envd_router", "signed_files_router"]
 
 HOME = WORKSPACE_ROOT
-_GONE = (SandboxNotFoundError, SandboxDestroyedError, WorkspaceStateError)
+_GONE = (WorkspaceNotFoundError, WorkspaceDestroyedError, WorkspaceStateError)
 _FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 _TYPE_BITS = {"file": statlib.S_IFREG, "dir": statlib.S_IFDIR, "symlink": statlib.S_IFLNK}
 _SIGNALS: dict[object, int] = {
@@ -114,7 +115,7 @@ def _gone(sandbox_id: str) -> _EnvdError:
 class _Sandbox:
     state: E2BState
     id: str
-    provider: WorkspaceProvider
+    provider: WorkspaceCalls
 
 
 async def _sandbox(request: Request, *, signed: bool = False) -> _Sandbox:
@@ -136,10 +137,10 @@ async def _sandbox(request: Request, *, signed: bool = False) -> _Sandbox:
         if not ((token and state.token_matches(sandbox_id, token)) or (key and state.api_key_matches(key))):
             raise _EnvdError(401, "missing or wrong X-Access-Token for this sandbox")
     try:
-        provider = await state.service.provider_of(sandbox_id)
+        await state.service.ensure_ready(sandbox_id)
     except _GONE:
         raise _gone(sandbox_id) from None
-    return _Sandbox(state, sandbox_id, provider)
+    return _Sandbox(state, sandbox_id, state.service.runtime)
 
 
 async def _signer(state: E2BState, request: Request, signature: str) -> str:
@@ -269,7 +270,7 @@ async def _unary(request: Request, handler: Unary) -> Response:
     return JSONResponse(reply, media_type=UNARY_CONTENT_TYPE)
 
 
-def _streaming(items: AsyncIterator[Event | ConnectError]) -> StreamingResponse:
+def _streaming(items: AsyncGenerator[Event | ConnectError, None]) -> StreamingResponse:
     async def body() -> AsyncIterator[bytes]:
         try:
             async for item in items:
@@ -279,9 +280,7 @@ def _streaming(items: AsyncIterator[Event | ConnectError]) -> StreamingResponse:
                 yield envelope({"event": item})
             yield end_of_stream()
         finally:
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await items.aclose()
 
     return StreamingResponse(body(), media_type=STREAM_CONTENT_TYPE)
 
@@ -576,17 +575,7 @@ async def download(request: Request) -> StreamingResponse:
     sandbox = await _sandbox(request, signed=True)
     path = _file_path(request.query_params.get("path"))
     chunks = await sandbox.provider.read_file(sandbox.id, path)
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    return StreamingResponse(body(), media_type="application/octet-stream")
+    return StreamingResponse(relay(chunks), media_type="application/octet-stream")
 
 
 async def upload(request: Request) -> JSONResponse:
