@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration]
 
 # The agent writes frames on fd 3 (its stdout, kept aside at start); root in the workspace can open it through
 # /proc and write whatever it likes into the host's stream.
-AGENT_FRAMES = "/proc/$(pgrep -x ld.so)/fd/3"
+AGENT_FRAMES = "/proc/$(pgrep -f 'corral/agent[.]py$')/fd/3"
 ONE_GIB_HEADER = r"printf '\100\000\000\000'"  # a u32 header length of 1 GiB
 
 
@@ -59,15 +59,21 @@ async def _compile_logger(tmp_path: Path) -> bytes:
 async def _kill_agent(provider: DockerProvider, workspace_id: str) -> None:
     """Root kills the agent; the command doing it loses its own connection, as it should."""
     with pytest.raises(ProviderUnavailableError, match="lost the connection"):
-        await provider.exec(workspace_id, ExecRequest("kill -9 $(pgrep -x ld.so); sleep 5", timeout_s=10))
+        await provider.exec(
+            workspace_id, ExecRequest("kill -9 $(pgrep -f 'corral/agent[.]py$'); sleep 5", timeout_s=10)
+        )
 
 
 async def test_the_agent_runs_from_a_read_only_runtime(provider: DockerProvider, workspace_id: str) -> None:
-    """The agent is started by absolute paths into /.corral, and nothing inside can write there."""
+    """The agent is started by absolute paths into /.corral, and nothing inside can write there: not even through
+    gVisor 20240729's directfs, which truncated a read-only bind's host file on open(O_TRUNC) while answering EROFS
+    (the runtime is a read-only mount on the host too)."""
+    runtime = Path(await provider.agent_runtime.ensure())
+    before = {f: (runtime / f).read_bytes() for f in ("bin/python3", "agent.py", "ld.so")}
     result = await provider.exec(
         workspace_id,
         ExecRequest(
-            "tr '\\0' ' ' < /proc/$(pgrep -x ld.so)/cmdline; echo; "
+            "tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]py$')/cmdline; echo; "
             "touch /.corral/x 2>&1; cp /bin/true /.corral/bin/python3 2>&1; "
             "sh -c 'echo > /.corral/nopreload' 2>&1; true"
         ),
@@ -84,6 +90,10 @@ async def test_the_agent_runs_from_a_read_only_runtime(provider: DockerProvider,
         "/.corral/agent.py",
     ]
     assert len(lines) == 4 and all("Read-only file system" in line for line in lines[1:]), lines
+    truncating = "exec 3< /.corral/agent.py; : > /.corral/agent.py; : > /.corral/bin/python3; : > /.corral/ld.so; true"
+    await provider.exec(workspace_id, ExecRequest(truncating))
+    assert {f: (runtime / f).read_bytes() for f in before} == before, "a workspace changed the host's agent runtime"
+    assert (await provider.exec(workspace_id, ExecRequest("echo alive"))).stdout == b"alive\n"
 
 
 async def test_a_planted_python3_never_becomes_the_agent(provider: DockerProvider, workspace_id: str) -> None:
@@ -99,7 +109,7 @@ async def test_a_planted_python3_never_becomes_the_agent(provider: DockerProvide
     assert planted.stdout.decode().strip() == "97", "the impostor must be what PATH finds inside the workspace"
     await _kill_agent(provider, workspace_id)
     result = await provider.exec(
-        workspace_id, ExecRequest("echo recovered; tr '\\0' ' ' < /proc/$(pgrep -x ld.so)/cmdline")
+        workspace_id, ExecRequest("echo recovered; tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]py$')/cmdline")
     )
     assert result.stdout.decode().splitlines()[0] == "recovered"
     assert "/.corral/bin/python3" in result.stdout.decode()
@@ -140,7 +150,9 @@ async def test_nothing_in_the_workspace_or_its_environment_loads_into_the_agent(
         await _kill_agent(provider, spec.id)
         result = await provider.exec(
             spec.id,
-            ExecRequest("echo $LD_PRELOAD $GLIBC_TUNABLES; grep -c /workspace /proc/$(pgrep -x ld.so)/maps; true"),
+            ExecRequest(
+                "echo $LD_PRELOAD $GLIBC_TUNABLES; grep -c /workspace /proc/$(pgrep -f 'corral/agent[.]py$')/maps; true"
+            ),
         )
         lines = result.stdout.decode().split("\n")
         assert lines[0] == "/workspace/evil.so glibc.malloc.check=3", "commands keep their environment"
@@ -190,7 +202,8 @@ async def test_a_stopped_agent_costs_a_bounded_wait(provider: DockerProvider, wo
     connection is dropped and a fresh agent answers."""
     provider.agent_answer_timeout_s = 2.0
     await provider.exec(
-        workspace_id, ExecRequest("setsid sh -c 'sleep 0.5; kill -STOP $(pgrep -x ld.so)' >/dev/null 2>&1 &")
+        workspace_id,
+        ExecRequest("setsid sh -c 'sleep 0.5; kill -STOP $(pgrep -f 'corral/agent[.]py$')' >/dev/null 2>&1 &"),
     )
     await asyncio.sleep(1.0)
     started = asyncio.get_running_loop().time()

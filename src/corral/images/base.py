@@ -31,27 +31,53 @@ IMAGE_CHANGES = (
 )
 RECIPE_LABEL = "corral.image.recipe"
 
-# gVisor release 20221219 (Debian bookworm's runsc) rejects statx() calls carrying AT_NO_AUTOMOUNT with EINVAL, and
-# coreutils 9.1 passes that flag, so `ls` and `stat` fail on every path inside a gVisor workspace. This preloaded
-# shim drops the flag, which means nothing in a container without automount points. It is compiled on the host
-# (same glibc as the image) and listed in /etc/ld.so.preload; under runc it changes nothing.
-STATX_SHIM_SOURCE = r"""
+# gVisor release 20240729 (the runsc `make bootstrap` installs) answers EBADF to xattr calls on symlinks that live on
+# the host-backed root filesystem, and `ls -l` asks for every entry's "security.selinux": it prints "Bad file
+# descriptor" for each symlink. This preloaded shim answers ENOTSUP (no xattrs here) instead, which is what ls, cp -a
+# and Python's copy2 expect. It is compiled on the host (same glibc as the image) and listed in /etc/ld.so.preload;
+# under runc, and for files, it changes nothing. (The statx shim bookworm's runsc 20221219 needed is gone: that
+# release failed coreutils' AT_NO_AUTOMOUNT, this one does not.)
+SHIM_SOURCE = r"""
 #define _GNU_SOURCE
-#include <fcntl.h>
+#include <errno.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
-int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *buf) {
-    return (int)syscall(SYS_statx, dirfd, path, flags & ~AT_NO_AUTOMOUNT, mask, buf);
+static int is_symlink(const char *path) {
+    struct stat st;
+    return path != 0 && lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+ssize_t lgetxattr(const char *path, const char *name, void *value, size_t size) {
+    if (is_symlink(path)) { errno = ENOTSUP; return -1; }
+    return syscall(SYS_lgetxattr, path, name, value, size);
+}
+ssize_t llistxattr(const char *path, char *list, size_t size) {
+    if (is_symlink(path)) { errno = ENOTSUP; return -1; }
+    return syscall(SYS_llistxattr, path, list, size);
+}
+ssize_t getxattr(const char *path, const char *name, void *value, size_t size) {
+    ssize_t r = syscall(SYS_getxattr, path, name, value, size);
+    if (r < 0 && errno == EBADF && is_symlink(path)) errno = ENOTSUP;
+    return r;
+}
+ssize_t listxattr(const char *path, char *list, size_t size) {
+    ssize_t r = syscall(SYS_listxattr, path, list, size);
+    if (r < 0 && errno == EBADF && is_symlink(path)) errno = ENOTSUP;
+    return r;
 }
 """
-SHIM_PATH = "/usr/lib/corral/statx-shim.so"
+SHIM_PATH = "/usr/lib/corral/gvisor-shim.so"
+# gVisor mounts an in-memory tmpfs over /tmp at boot when the image's /tmp looks empty (runsc 20240729 checks the
+# directory's link count, so only a subdirectory counts), and a stop would lose it. A directory there keeps /tmp on
+# the container's disk like every other directory (the README's "gVisor notes").
+TMP_KEEP = "/tmp/.corral"  # noqa: S108 - a directory inside the image, not a temporary file of ours
 
 
 def recipe_hash() -> str:
     """A short hash of everything that decides the image's content."""
-    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, STATX_SHIM_SOURCE, SHIM_PATH])
+    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, SHIM_SOURCE, SHIM_PATH, TMP_KEEP])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
@@ -85,20 +111,24 @@ def build_base_image(
     previous = _image_id(tag)
     with tempfile.TemporaryDirectory(prefix="corral-image-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
-        shim = Path(tmp) / "statx-shim.so"
-        progress("compiling the statx shim for gVisor")
-        (Path(tmp) / "statx-shim.c").write_text(STATX_SHIM_SOURCE)
-        _run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(Path(tmp) / "statx-shim.c")], progress)
+        shim = Path(tmp) / Path(SHIM_PATH).name
+        progress("compiling the xattr shim for gVisor")
+        (Path(tmp) / "gvisor-shim.c").write_text(SHIM_SOURCE)
+        _run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(shim), str(Path(tmp) / "gvisor-shim.c")], progress)
         progress(f"building root filesystem ({SUITE}, {len(BASE_PACKAGES)} packages) with mmdebstrap")
         hooks = [
             f'mkdir -p "$1{Path(SHIM_PATH).parent}"',
             f"copy-in {shim} {Path(SHIM_PATH).parent}",
             f'echo {SHIM_PATH} > "$1/etc/ld.so.preload"',
+            # mmdebstrap's own /tmp cleanup is skipped below (it would remove the directory): done here instead.
+            f'rm -rf "$1"/tmp/* && mkdir -p "$1{TMP_KEEP}" && echo "keeps /tmp on disk under gVisor" '
+            f'> "$1{TMP_KEEP}/README"',
         ]
         _run(
             [
                 "mmdebstrap",
                 "--variant=minbase",
+                "--skip=cleanup/tmp",
                 f"--include={','.join(BASE_PACKAGES)}",
                 *(f"--customize-hook={hook}" for hook in hooks),
                 SUITE,

@@ -103,7 +103,7 @@ loader = None
 for path in sorted(mapped):
     name = os.path.basename(path)
     if path.startswith(stdlib) or path.startswith("/usr/lib/corral/"):
-        continue  # extension modules come with the stdlib copy; the statx shim is the image's, not ours
+        continue  # extension modules come with the stdlib copy; the gVisor shim is the image's, not ours
     if name.startswith("ld-linux"):
         loader = path
         continue
@@ -202,6 +202,7 @@ class AgentRuntime:
         digest = hashlib.sha256(agent_source() + BUILD_SCRIPT.encode() + str(image["Id"]).encode()).hexdigest()[:16]
         final = self.root / digest
         if (final / "agent.py").is_file():
+            await self._seal(final)
             return str(final)
         self.root.mkdir(parents=True, exist_ok=True, mode=0o755)
         building = self.root / f".{digest}.building-{uuid.uuid4().hex[:8]}"
@@ -218,7 +219,36 @@ class AgentRuntime:
             if building.exists():
                 shutil.rmtree(building, ignore_errors=True)
         log.info("agent runtime built in %s from %s", final, self.image)
+        await self._seal(final)
         return str(final)
+
+    async def _seal(self, directory: Path) -> None:
+        """Make ``directory`` a read-only mount on the host (a bind mount onto itself, remounted ``ro``).
+
+        Docker's ``ReadOnly`` bind is not enough under gVisor 20240729: with directfs, an ``open(O_TRUNC)`` inside
+        the sandbox answers EROFS but truncates the host file all the same, so one workspace could empty the
+        agent's interpreter for every workspace (tests/security/test_hostile_agent.py). The host kernel refuses
+        writes to a read-only mount whatever the sandbox does. Idempotent: an existing read-only mount is kept.
+
+        Raises:
+            ProviderUnavailableError: the mount cannot be made (Corral must run as root on the Docker host).
+        """
+        if _read_only_mount(directory):
+            return
+        for argv in (
+            ["mount", "--bind", str(directory), str(directory)],
+            ["mount", "-o", "remount,bind,ro", str(directory)],
+        ):
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            _, err = await proc.communicate()
+            if proc.returncode != 0 and not _read_only_mount(directory):
+                raise ProviderUnavailableError(
+                    self.provider,
+                    f"cannot make the agent runtime {directory} a read-only mount ({' '.join(argv[:3])}: "
+                    f"{err.decode(errors='replace').strip()}); Corral must run as root on the Docker host",
+                )
 
     async def _run_build(self, directory: Path, image_id: str) -> None:
         name = f"corral-agent-runtime-build-{uuid.uuid4().hex[:8]}"
@@ -253,3 +283,18 @@ class AgentRuntime:
                 await self.engine.remove_container(name)
         if not os.access(directory / "ld.so", os.X_OK):
             raise ProviderUnavailableError(self.provider, "the agent runtime build produced no loader")
+
+
+def _read_only_mount(directory: Path) -> bool:
+    """Whether ``directory`` is itself a mount point mounted read-only (from /proc/self/mountinfo)."""
+    target = os.path.realpath(directory)
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return False
+    found = False
+    for line in lines:  # the last mount on a point is the one in effect
+        fields = line.split()
+        if len(fields) > 5 and fields[4].encode().decode("unicode_escape") == target:
+            found = "ro" in fields[5].split(",")
+    return found
