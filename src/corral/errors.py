@@ -12,6 +12,7 @@ Each class carries ``code`` (the stable snake_case code of the HTTP API) and ``h
     ├── ProviderUnavailableError               503     provider_unavailable      daemon down, runtime missing, KVM...
     │   └── AllProvidersFailedError            503     all_providers_failed      auto selection: every reason listed
     ├── WorkspaceNotFoundError (LookupError)   404     workspace_not_found       no such workspace (or it vanished)
+    ├── SnapshotNotFoundError (LookupError)    404     snapshot_not_found        no snapshot with that id
     ├── WorkspaceDestroyedError                410     workspace_destroyed       it existed and has been destroyed
     ├── WorkspaceStateError                    409     workspace_state_conflict  wrong state (exec on stopped)
     ├── WorkspaceBrokenError                   502     workspace_broken          its agent broke the protocol
@@ -65,6 +66,7 @@ __all__ = [
     "SessionDegradedError",
     "SessionNotFoundError",
     "SessionStateError",
+    "SnapshotNotFoundError",
     "TooManyRequestsError",
     "ToolError",
     "ToolNotAllowedError",
@@ -156,6 +158,13 @@ class WorkspaceNotFoundError(CorralError, LookupError):
     """The workspace does not exist (or its runtime object vanished)."""
 
     code = "workspace_not_found"
+    http_status = 404
+
+
+class SnapshotNotFoundError(CorralError, LookupError):
+    """No snapshot with that id (never taken, or deleted)."""
+
+    code = "snapshot_not_found"
     http_status = 404
 
 

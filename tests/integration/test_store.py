@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Connection, inspect, text
@@ -23,12 +24,12 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 import corral.store
-from corral.errors import CorralError, InvalidRequestError, WorkspaceNotFoundError
-from corral.store import ProviderAttempt, Store, WorkspaceRecord, async_url, migrate
+from corral.errors import CorralError, InvalidRequestError, SnapshotNotFoundError, WorkspaceNotFoundError
+from corral.store import ProviderAttempt, SnapshotRecord, Store, WorkspaceRecord, alembic_config, async_url, migrate
 from corral.store.models import Base
 
 POSTGRES_URL_ENV = "CORRAL_TEST_POSTGRES_URL"
-TABLES = {"workspaces", "agent_types", "sessions", "audit_entries"}
+TABLES = {"workspaces", "agent_types", "sessions", "audit_entries", "snapshots"}
 
 
 @pytest.fixture(
@@ -95,7 +96,7 @@ def _schema_diff(connection: Connection) -> list[Any]:
 
 
 async def test_migrations_create_the_tables_and_a_second_run_changes_nothing(store: Store) -> None:
-    """Opening the store creates every table at revision 0001, and migrating again keeps the schema and the data."""
+    """Opening the store creates every table at the newest revision, and migrating again keeps schema and data."""
     async with store.engine.connect() as connection:
         assert TABLES | {"alembic_version"} <= await connection.run_sync(_table_names)
     created = await _workspace(store)
@@ -104,7 +105,7 @@ async def test_migrations_create_the_tables_and_a_second_run_changes_nothing(sto
 
     async with store.engine.connect() as connection:
         versions = (await connection.execute(text("SELECT version_num FROM alembic_version"))).scalars().all()
-    assert versions == ["0001"]
+    assert versions == ["0002"]
     assert await store.workspaces.get(created.id) == created
 
 
@@ -273,6 +274,265 @@ async def test_claims_from_a_warm_pool_never_hand_out_a_workspace_twice(store: S
     assert all(c.pool_key is None and c.from_warm_pool and c.last_used_at is not None for c in claimed)
     assert await store.workspaces.claim_from_pool("docker:base") is None
     assert len(await store.workspaces.list(pool_key="gvisor:base")) == 1
+
+
+# --- snapshots -------------------------------------------------------------------------------------------------------
+
+
+async def _snapshot(store: Store, **overrides: Any) -> SnapshotRecord:
+    fields: dict[str, Any] = {
+        "workspace_id": "w" * 32,
+        "provider": "gvisor",
+        "base_image": "corral/workspace:base",
+        "container_type": "agent_workspace",
+        "network": "isolated",
+        "resource_limits": {"cpu": "2", "memory": "4G", "disk": "10G"},
+    }
+    fields.update(overrides)
+    return await store.snapshots.create(**fields)
+
+
+async def test_workspace_paused_status_is_stored_and_filtered(store: Store) -> None:
+    """A workspace moved to "paused" reads back paused and is found by a status filter naming it, and only by that."""
+    paused = await store.workspaces.mark_status((await _workspace(store, status="ready")).id, "paused")
+    ready = await _workspace(store, status="ready")
+
+    assert paused.status == "paused"
+    assert [w.id for w in await store.workspaces.list(status="paused")] == [paused.id]
+    assert [w.id for w in await store.workspaces.list(status="ready")] == [ready.id]
+    assert [w.id for w in await store.workspaces.list()] == [paused.id, ready.id]
+
+
+async def test_snapshot_create_and_get_round_trip_every_field(store: Store) -> None:
+    """A created snapshot reads back equal: defaults filled in (filesystem, creating, 0 bytes), JSON intact, UTC."""
+    metadata = {"label": "zoë", "nested": {"list": [1, 2.5, None, True]}}
+
+    created = await _snapshot(store, name="after-setup", metadata=metadata, setup_key="k" * 64)
+    fetched = await store.snapshots.get(created.id)
+
+    assert fetched == created
+    assert fetched is not None
+    assert len(fetched.id) == 32 and int(fetched.id, 16) >= 0
+    assert (fetched.name, fetched.workspace_id, fetched.provider) == ("after-setup", "w" * 32, "gvisor")
+    assert (fetched.kind, fetched.status, fetched.size_bytes, fetched.error) == ("filesystem", "creating", 0, None)
+    assert (fetched.base_image, fetched.container_type, fetched.network) == (
+        "corral/workspace:base",
+        "agent_workspace",
+        "isolated",
+    )
+    assert fetched.resource_limits == {"cpu": "2", "memory": "4G", "disk": "10G"}
+    assert fetched.metadata == metadata
+    assert fetched.setup_key == "k" * 64
+    assert fetched.created_at.tzinfo == UTC and fetched.updated_at.tzinfo == UTC
+    assert abs(datetime.now(UTC) - fetched.created_at) < timedelta(minutes=1)
+
+    chosen = await _snapshot(store, id="c" * 32, kind="memory", status="ready")
+    assert (chosen.id, chosen.kind, chosen.status, chosen.name, chosen.metadata, chosen.setup_key) == (
+        "c" * 32,
+        "memory",
+        "ready",
+        None,
+        {},
+        None,
+    )
+    assert await store.snapshots.get("c" * 32) == chosen
+
+
+async def test_snapshot_unknown_id_reads_none_deletes_false_and_update_raises(store: Store) -> None:
+    """A missing snapshot: get gives None, delete gives False, update raises SnapshotNotFoundError (a LookupError)."""
+    assert await store.snapshots.get("0" * 32) is None
+    assert await store.snapshots.delete("0" * 32) is False
+    with pytest.raises(SnapshotNotFoundError, match=r"snapshot '0{32}' does not exist") as caught:
+        await store.snapshots.update("0" * 32, status="ready")
+    assert isinstance(caught.value, LookupError)
+    assert (caught.value.code, caught.value.http_status, caught.value.details) == (
+        "snapshot_not_found",
+        404,
+        {"id": "0" * 32},
+    )
+
+
+async def test_snapshot_duplicate_id_is_an_invalid_request(store: Store) -> None:
+    """Creating a snapshot with an id already in use raises InvalidRequestError naming the id."""
+    await _snapshot(store, id="d" * 32)
+    with pytest.raises(InvalidRequestError, match=r"snapshot id 'd{32}' already exists"):
+        await _snapshot(store, id="d" * 32)
+
+
+async def test_snapshot_list_is_newest_first_and_filters_combine(store: Store) -> None:
+    """Listing returns newest first; workspace, name, status, setup key and provider filters each narrow it, and
+    given together they must all match."""
+    a1 = await _snapshot(store, workspace_id="a" * 32, name="base", status="ready", setup_key="s1")
+    a2 = await _snapshot(store, workspace_id="a" * 32, name="later", status="creating")
+    b1 = await _snapshot(store, workspace_id="b" * 32, name="base", status="error", provider="docker")
+    a3 = await _snapshot(store, workspace_id="a" * 32, name="base", status="ready", provider="docker", setup_key="s1")
+
+    def ids(records: list[SnapshotRecord]) -> list[str]:
+        return [r.id for r in records]
+
+    assert ids(await store.snapshots.list()) == [a3.id, b1.id, a2.id, a1.id]
+    assert ids(await store.snapshots.list(workspace_id="a" * 32)) == [a3.id, a2.id, a1.id]
+    assert ids(await store.snapshots.list(name="base")) == [a3.id, b1.id, a1.id]
+    assert ids(await store.snapshots.list(statuses="ready")) == [a3.id, a1.id]
+    assert ids(await store.snapshots.list(statuses=["creating", "error"])) == [b1.id, a2.id]
+    assert ids(await store.snapshots.list(setup_key="s1")) == [a3.id, a1.id]
+    assert ids(await store.snapshots.list(provider="docker")) == [a3.id, b1.id]
+    assert ids(await store.snapshots.list(workspace_id="a" * 32, name="base")) == [a3.id, a1.id]
+    assert ids(await store.snapshots.list(workspace_id="a" * 32, name="base", provider="gvisor")) == [a1.id]
+    assert ids(await store.snapshots.list(name="base", statuses=["ready", "error"], provider="docker")) == [
+        a3.id,
+        b1.id,
+    ]
+    assert await store.snapshots.list(workspace_id="b" * 32, statuses="ready") == []
+    assert await store.snapshots.list(name="nope") == []
+
+
+async def test_snapshot_update_changes_only_the_given_fields(store: Store) -> None:
+    """Each update writes only the columns it names and refreshes updated_at; the rest stays as it was."""
+    created = await _snapshot(store, name="n", metadata={"keep": "me"}, setup_key="key")
+
+    sized = await store.snapshots.update(created.id, size_bytes=123)
+    assert sized.size_bytes == 123
+    assert (sized.status, sized.kind, sized.error, sized.metadata) == ("creating", "filesystem", None, {"keep": "me"})
+    assert (sized.name, sized.setup_key, sized.resource_limits) == ("n", "key", created.resource_limits)
+    assert sized.created_at == created.created_at
+    assert sized.updated_at >= created.updated_at
+
+    done = await store.snapshots.update(created.id, status="ready", kind="memory")
+    assert (done.status, done.kind, done.size_bytes, done.metadata) == ("ready", "memory", 123, {"keep": "me"})
+
+    failed = await store.snapshots.update(created.id, status="error", error="checkpoint failed", metadata={"n": 1})
+    assert (failed.status, failed.error, failed.metadata, failed.size_bytes) == (
+        "error",
+        "checkpoint failed",
+        {"n": 1},
+        123,
+    )
+
+    cleared = await store.snapshots.update(created.id, error=None)
+    assert (cleared.error, cleared.status) == (None, "error")
+    assert await store.snapshots.get(created.id) == cleared
+
+
+async def test_snapshot_delete_removes_only_that_record(store: Store) -> None:
+    """Deleting a snapshot removes its row (a second delete finds nothing) and leaves the others."""
+    gone = await _snapshot(store)
+    kept = await _snapshot(store)
+
+    assert await store.snapshots.delete(gone.id) is True
+
+    assert await store.snapshots.get(gone.id) is None
+    assert await store.snapshots.delete(gone.id) is False
+    assert [r.id for r in await store.snapshots.list()] == [kept.id]
+
+
+async def test_snapshot_total_size_counts_creating_and_ready_but_not_error(store: Store) -> None:
+    """total_size sums creating and ready snapshots (beyond 32 bits), leaves out error ones, and filters by
+    provider."""
+    assert await store.snapshots.total_size() == 0
+    gib = 1 << 30
+    for size, status, provider in (
+        (5 * gib, "ready", "gvisor"),
+        (3 * gib, "creating", "gvisor"),
+        (7 * gib, "error", "gvisor"),
+        (11, "ready", "docker"),
+    ):
+        record = await _snapshot(store, provider=provider)
+        await store.snapshots.update(record.id, size_bytes=size, status=status)
+
+    total = await store.snapshots.total_size()
+
+    assert total == 8 * gib + 11 and type(total) is int
+    assert await store.snapshots.total_size(provider="gvisor") == 8 * gib
+    assert await store.snapshots.total_size(provider="docker") == 11
+    assert await store.snapshots.total_size(provider="firecracker") == 0
+
+
+async def test_snapshot_find_setup_gives_the_newest_ready_one_with_the_key(store: Store) -> None:
+    """find_setup skips creating and error snapshots and other keys, and picks the newest ready one."""
+    assert await store.snapshots.find_setup("repo@abc") is None
+    await _snapshot(store, setup_key="repo@abc", status="creating")
+    await _snapshot(store, setup_key="repo@abc", status="error")
+    await _snapshot(store, setup_key="repo@def", status="ready")
+    assert await store.snapshots.find_setup("repo@abc") is None
+
+    older = await _snapshot(store, setup_key="repo@abc", status="ready")
+    assert await store.snapshots.find_setup("repo@abc") == older
+    newer = await _snapshot(store, setup_key="repo@abc", status="ready")
+    await _snapshot(store, setup_key="repo@abc", status="creating")  # newest, but not restorable yet
+
+    assert await store.snapshots.find_setup("repo@abc") == newer
+    await store.snapshots.update(newer.id, status="error", error="files lost")
+    found = await store.snapshots.find_setup("repo@abc")
+    assert found is not None and found.id == older.id
+
+
+async def test_snapshot_outlives_its_destroyed_source_workspace(store: Store) -> None:
+    """A snapshot keeps its record, and stays listed by its source, after that workspace is destroyed."""
+    source = await _workspace(store, status="ready", provider="gvisor")
+    taken = await _snapshot(store, workspace_id=source.id, status="ready")
+
+    await store.workspaces.mark_status(source.id, "destroyed")
+
+    assert await store.snapshots.list(workspace_id=source.id) == [taken]
+
+
+async def test_snapshot_records_survive_closing_and_reopening_the_store(database_url: str) -> None:
+    """Snapshot records written through one Store are read back unchanged through a new Store on the same database."""
+    async with await Store.open(database_url) as first:
+        ready = await _snapshot(first, name="keep", setup_key="key", status="ready")
+        ready = await first.snapshots.update(ready.id, size_bytes=42, kind="memory")
+        creating = await _snapshot(first)
+
+    async with await Store.open(database_url) as second:
+        assert await second.snapshots.list() == [creating, ready]
+        assert await second.snapshots.find_setup("key") == ready
+        assert await second.snapshots.total_size() == 42
+
+
+def _upgrade(connection: Connection, revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.upgrade(config, revision)
+
+
+def _downgrade(connection: Connection, revision: str) -> None:
+    config = alembic_config()
+    config.attributes["connection"] = connection
+    command.downgrade(config, revision)
+
+
+def _current(connection: Connection) -> str | None:
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+async def test_migration_0002_adds_snapshots_to_a_0001_database_and_reverts(database_url: str) -> None:
+    """A database at 0001 with a workspace upgrades to 0002 keeping the workspace; downgrading drops only the
+    snapshots table."""
+    engine = corral.store.create_engine(database_url)
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(_upgrade, "0001")
+            assert "snapshots" not in await connection.run_sync(_table_names)
+        old = await _workspace(Store(engine))
+
+        await migrate(engine)
+
+        store = Store(engine)
+        async with engine.connect() as connection:
+            assert await connection.run_sync(_current) == "0002"
+            assert "snapshots" in await connection.run_sync(_table_names)
+        assert await store.workspaces.get(old.id) == old
+        await _snapshot(store, workspace_id=old.id)
+
+        async with engine.begin() as connection:
+            await connection.run_sync(_downgrade, "0001")
+            assert await connection.run_sync(_current) == "0001"
+            assert TABLES - {"snapshots"} <= await connection.run_sync(_table_names)
+            assert "snapshots" not in await connection.run_sync(_table_names)
+        assert await store.workspaces.get(old.id) == old
+    finally:
+        await engine.dispose()
 
 
 # --- agent types -----------------------------------------------------------------------------------------------------
@@ -447,6 +707,10 @@ def test_the_store_package_exports_its_public_api() -> None:
         "SessionRecord",
         "SessionRepository",
         "SessionStatus",
+        "SnapshotKind",
+        "SnapshotRecord",
+        "SnapshotRepository",
+        "SnapshotStatus",
         "Store",
         "Unset",
         "WorkspaceRecord",

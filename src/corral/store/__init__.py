@@ -2,8 +2,8 @@
 
 SQLite (a file in the data directory) by default, PostgreSQL by URL. Open with ``await Store.open(url)``
 (:mod:`corral.store.store`). The values the repositories return are in :mod:`corral.store.records`; each repository
-(:mod:`~corral.store.workspaces`, :mod:`~corral.store.agent_types`, :mod:`~corral.store.sessions`,
-:mod:`~corral.store.audit`) says in its module what it returns and raises.
+(:mod:`~corral.store.workspaces`, :mod:`~corral.store.snapshots`, :mod:`~corral.store.agent_types`,
+:mod:`~corral.store.sessions`, :mod:`~corral.store.audit`) says in its module what it returns and raises.
 """
 
 from corral.store.agent_types import AgentTypeRepository
@@ -16,11 +16,15 @@ from corral.store.records import (
     ProviderAttempt,
     SessionRecord,
     SessionStatus,
+    SnapshotKind,
+    SnapshotRecord,
+    SnapshotStatus,
     Unset,
     WorkspaceRecord,
     WorkspaceStatus,
 )
 from corral.store.sessions import SessionRepository
+from corral.store.snapshots import SnapshotRepository
 from corral.store.store import Store
 from corral.store.workspaces import WorkspaceRepository
 
@@ -34,6 +38,10 @@ __all__ = [
     "SessionRecord",
     "SessionRepository",
     "SessionStatus",
+    "SnapshotKind",
+    "SnapshotRecord",
+    "SnapshotRepository",
+    "SnapshotStatus",
     "Store",
     "Unset",
     "WorkspaceRecord",

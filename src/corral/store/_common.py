@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
 from corral.errors import CorralError, InvalidRequestError
-from corral.store.models import AgentTypeRow, SessionRow, WorkspaceRow, utcnow
+from corral.store.models import AgentTypeRow, SessionRow, SnapshotRow, WorkspaceRow, utcnow
 from corral.store.records import UNSET, ProviderAttempt, Unset
 
 __all__ = [
@@ -107,7 +107,7 @@ def status_list(status: str | Collection[str] | None) -> list[str] | None:
 
 # --- shared statements ----------------------------------------------------------------------------------------------
 
-_RowT = TypeVar("_RowT", WorkspaceRow, AgentTypeRow, SessionRow)
+_RowT = TypeVar("_RowT", WorkspaceRow, AgentTypeRow, SessionRow, SnapshotRow)
 _WarnedRowT = TypeVar("_WarnedRowT", WorkspaceRow, SessionRow)
 
 

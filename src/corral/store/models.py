@@ -16,11 +16,32 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, ForeignKey, Index, Integer, MetaData, String
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["AgentTypeRow", "AuditEntryRow", "Base", "SessionRow", "UTCDateTime", "WorkspaceRow", "utcnow"]
+__all__ = [
+    "AgentTypeRow",
+    "AuditEntryRow",
+    "Base",
+    "SessionRow",
+    "SnapshotRow",
+    "UTCDateTime",
+    "WorkspaceRow",
+    "utcnow",
+]
 
 # Constraint names must be stable so that later migrations can alter or drop them (SQLite batch mode needs them).
 NAMING_CONVENTION = {
@@ -95,6 +116,34 @@ class WorkspaceRow(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_used_at: Mapped[datetime | None]
     destroyed_at: Mapped[datetime | None]
+
+
+class SnapshotRow(Base):
+    """One snapshot of a workspace: its filesystem, and its memory where the provider keeps it.
+
+    The row is written (``creating``) before the provider writes any file, so a crash leaves a record that
+    reconciliation can find. ``workspace_id`` names the source and stays after that workspace is destroyed (no
+    foreign key). ``setup_key`` is set on snapshots taken after an agent type's setup ("set up once, start many").
+    """
+
+    __tablename__ = "snapshots"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(255))
+    workspace_id: Mapped[str] = mapped_column(String(32), index=True)
+    provider: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16))
+    size_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    base_image: Mapped[str] = mapped_column(String(512))
+    container_type: Mapped[str] = mapped_column(String(32))
+    network: Mapped[str] = mapped_column(String(16))
+    resource_limits: Mapped[dict[str, str]]
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata")
+    setup_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    error: Mapped[str | None] = mapped_column(String)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class AgentTypeRow(Base):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, cast
 
-from corral.store.models import AgentTypeRow, AuditEntryRow, SessionRow, WorkspaceRow
+from corral.store.models import AgentTypeRow, AuditEntryRow, SessionRow, SnapshotRow, WorkspaceRow
 
 __all__ = [
     "UNSET",
@@ -19,13 +19,23 @@ __all__ = [
     "ProviderAttempt",
     "SessionRecord",
     "SessionStatus",
+    "SnapshotKind",
+    "SnapshotRecord",
+    "SnapshotStatus",
     "Unset",
     "WorkspaceRecord",
     "WorkspaceStatus",
 ]
 
-WorkspaceStatus = Literal["creating", "ready", "stopped", "error", "destroyed"]
+WorkspaceStatus = Literal["creating", "ready", "paused", "stopped", "error", "destroyed"]
+"""``paused``: checkpointed with its memory (or its whole disk where the provider cannot keep memory); resuming it
+brings back its processes. ``stopped``: shut down; resuming it is a cold start."""
 SessionStatus = Literal["provisioning", "active", "ended"]
+SnapshotStatus = Literal["creating", "ready", "error"]
+"""``creating``: the record is written and the provider is writing files; ``ready``: restorable; ``error``: the
+provider failed (``error`` says why) and may have left files for reconciliation to collect."""
+SnapshotKind = Literal["memory", "filesystem"]
+""""memory": restoring brings back processes and memory too; "filesystem": files only, processes start fresh."""
 
 
 class Unset(enum.Enum):
@@ -89,6 +99,50 @@ class WorkspaceRecord:
             updated_at=row.updated_at,
             last_used_at=row.last_used_at,
             destroyed_at=row.destroyed_at,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """A snapshot as stored. ``workspace_id`` is the source, which may since have been destroyed; ``setup_key`` is
+    set on snapshots taken after an agent type's setup. ``size_bytes`` counts against the storage limit."""
+
+    id: str
+    name: str | None
+    workspace_id: str
+    provider: str
+    kind: SnapshotKind
+    status: SnapshotStatus
+    size_bytes: int
+    base_image: str
+    container_type: str
+    network: str
+    resource_limits: dict[str, str]
+    metadata: dict[str, Any]
+    setup_key: str | None
+    error: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def _from_row(cls, row: SnapshotRow) -> SnapshotRecord:
+        return cls(
+            id=row.id,
+            name=row.name,
+            workspace_id=row.workspace_id,
+            provider=row.provider,
+            kind=cast(SnapshotKind, row.kind),
+            status=cast(SnapshotStatus, row.status),
+            size_bytes=row.size_bytes,
+            base_image=row.base_image,
+            container_type=row.container_type,
+            network=row.network,
+            resource_limits=dict(row.resource_limits),
+            metadata=dict(row.metadata_),
+            setup_key=row.setup_key,
+            error=row.error,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
         )
 
 

@@ -1,9 +1,10 @@
 """The store facade: :class:`Store` opens the database (running migrations) and carries one repository per aggregate.
 
-``store.workspaces`` (:mod:`corral.store.workspaces`), ``store.agent_types`` (:mod:`corral.store.agent_types`),
-``store.sessions`` (:mod:`corral.store.sessions`) and ``store.audit`` (:mod:`corral.store.audit`) are the only way
-the rest of Corral reads and writes the database. Every method is one short transaction and returns frozen
-dataclasses (:mod:`corral.store.records`), never ORM rows, so callers hold no session and nothing lazy-loads.
+``store.workspaces`` (:mod:`corral.store.workspaces`), ``store.snapshots`` (:mod:`corral.store.snapshots`),
+``store.agent_types`` (:mod:`corral.store.agent_types`), ``store.sessions`` (:mod:`corral.store.sessions`) and
+``store.audit`` (:mod:`corral.store.audit`) are the only way the rest of Corral reads and writes the database.
+Every method is one short transaction and returns frozen dataclasses (:mod:`corral.store.records`), never ORM rows,
+so callers hold no session and nothing lazy-loads.
 
 Missing rows and errors: ``get`` methods return ``None`` for an unknown id; each repository's module says what its
 updates do on a miss. Constraint violations become :class:`~corral.errors.InvalidRequestError` naming the offending
@@ -26,6 +27,7 @@ from corral.store.agent_types import AgentTypeRepository
 from corral.store.audit import AuditRepository
 from corral.store.db import async_url, create_engine, create_session_factory, migrate
 from corral.store.sessions import SessionRepository
+from corral.store.snapshots import SnapshotRepository
 from corral.store.workspaces import WorkspaceRepository
 
 __all__ = ["Store"]
@@ -42,6 +44,7 @@ class Store:
         self.engine = engine
         sessions = create_session_factory(engine)
         self.workspaces = WorkspaceRepository(sessions)
+        self.snapshots = SnapshotRepository(sessions)
         self.agent_types = AgentTypeRepository(sessions)
         self.sessions = SessionRepository(sessions)
         self.audit = AuditRepository(sessions)
