@@ -116,8 +116,16 @@ class Settings(BaseSettings):
     """CORRAL_AGENT_RUNTIME_DIR: where the read-only runtime of the in-workspace agent is built (one directory per
     agent version and base image; see corral.providers.agent_runtime). Must be on the Docker host."""
 
-    pids_limit: int = 1024
-    """CORRAL_PIDS_LIMIT: the most processes one workspace may hold (fork-bomb guard)."""
+    snapshot_dir: Path = Path("/var/lib/corral/snapshots")
+    """CORRAL_SNAPSHOT_DIR: where gVisor memory checkpoints of snapshots are kept (on the Docker host, ideally on the
+    file system of Docker's data root, so restores hard-link them instead of copying)."""
+    snapshot_storage_limit: str = "20g"
+    """CORRAL_SNAPSHOT_STORAGE_LIMIT: the most bytes all snapshots together may hold on this host (e.g. "20g");
+    a snapshot that would pass it is refused and removed."""
+    pids_limit: int = 4096
+    """CORRAL_PIDS_LIMIT: the most host tasks one workspace may hold (fork-bomb guard). Under gVisor's ptrace
+    platform every thread of the sandbox counts, about 14 per process in the workspace (100 idle processes hold
+    ~1,440), so 4096 leaves room for ~280 processes."""
 
     max_request_body: int = Field(1024 * 1024, ge=1024)
     """CORRAL_MAX_REQUEST_BODY: the largest JSON request body in bytes (agent tool calls take up to 11 MiB, file

@@ -80,6 +80,8 @@ def parse_cpu(value: object, *, field_name: str = "cpu") -> float:
 
 def format_size(size: int) -> str:
     """The shortest exact spelling of a byte count: ``4294967296 -> "4G"``."""
+    if size == 0:
+        return "0"
     for unit, factor in (("T", 1024**4), ("G", 1024**3), ("M", 1024**2), ("K", 1024)):
         if size % factor == 0:
             return f"{size // factor}{unit}"

@@ -6,11 +6,13 @@ import pytest
 
 from corral.errors import (
     FileOperationError,
+    InvalidRequestError,
     ProviderUnavailableError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.providers.base import ExecExit, ExecMode, ExecRequest, WorkspaceSpec, WorkspaceState
+from corral.providers.base import ExecExit, ExecMode, ExecRequest, Snapshotter, WorkspaceSpec, WorkspaceState
 from corral.providers.fake import FakeProvider
 
 pytestmark = pytest.mark.unit
@@ -139,3 +141,105 @@ async def test_delete_refuses_the_workspace_root(fake: FakeProvider) -> None:
     """/workspace itself cannot be deleted, as with a real mount point."""
     with pytest.raises(FileOperationError):
         await fake.delete("ws-1", "/workspace", recursive=True)
+
+
+# --- pause and snapshots ------------------------------------------------------------------------------------------
+
+
+async def test_capabilities_say_what_the_fake_keeps() -> None:
+    """Stop keeps every file ("full"); pause and snapshots say "filesystem" by default and "memory" when asked."""
+    default = await FakeProvider().capabilities()
+    assert (default.persistence, default.pause, default.snapshots) == ("full", "filesystem", "filesystem")
+    memory = await FakeProvider(retention="memory").capabilities()
+    assert (memory.persistence, memory.pause, memory.snapshots) == ("full", "memory", "memory")
+    assert isinstance(FakeProvider(), Snapshotter)
+
+
+async def test_an_unknown_retention_is_refused() -> None:
+    """A retention other than "memory" or "filesystem" is refused, naming the allowed values."""
+    with pytest.raises(InvalidRequestError, match="'memory' or 'filesystem'"):
+        FakeProvider(retention="none")  # type: ignore[arg-type]  # the mistake under test
+
+
+async def test_filesystem_pause_is_a_stop(fake: FakeProvider) -> None:
+    """By default pause ends a running command like stop, answers "filesystem" (again when paused twice) and leaves
+    the workspace STOPPED with its files."""
+    await fake.write_file("ws-1", "/root/kept", b"kept")
+    task = asyncio.create_task(fake.exec("ws-1", ExecRequest("sleep 30")))
+    await asyncio.sleep(0)  # one turn: the task runs until it blocks inside `sleep 30`
+    assert await fake.pause("ws-1") == "filesystem"
+    assert (await asyncio.wait_for(task, 5)).exit_code == 137
+    assert await fake.state("ws-1") is WorkspaceState.STOPPED
+    assert await fake.pause("ws-1") == "filesystem"
+    await fake.resume("ws-1")
+    assert b"".join([c async for c in await fake.read_file("ws-1", "/root/kept")]) == b"kept"
+
+
+async def test_memory_pause_reports_paused_until_resume() -> None:
+    """With retention="memory" a pause leaves the workspace PAUSED (exec refused), a second pause answers "memory",
+    a stop turns it STOPPED, and pausing a stopped workspace is refused."""
+    provider = FakeProvider(retention="memory")
+    await provider.create(spec())
+    assert await provider.pause("ws-1") == "memory"
+    assert await provider.state("ws-1") is WorkspaceState.PAUSED
+    assert provider.known_dead("ws-1")
+    with pytest.raises(WorkspaceStateError):
+        await provider.exec("ws-1", ExecRequest("true"))
+    assert await provider.pause("ws-1") == "memory"
+    await provider.resume("ws-1")
+    assert await provider.state("ws-1") is WorkspaceState.RUNNING
+    await provider.pause("ws-1")
+    await provider.stop("ws-1")
+    assert await provider.state("ws-1") is WorkspaceState.STOPPED
+    with pytest.raises(WorkspaceStateError, match="only a running workspace can be paused"):
+        await provider.pause("ws-1")
+
+
+async def test_snapshot_and_restore_copy_the_file_system(fake: FakeProvider) -> None:
+    """A snapshot reports the bytes of its files (as estimated before) and keeps them as they were; a restore runs
+    on its own copy; a taken id and a stopped source are refused."""
+    await fake.write_file("ws-1", "/workspace/a.txt", b"12345")
+    await fake.exec("ws-1", ExecRequest("ln -s /workspace/a.txt /workspace/link"))
+    estimate = await fake.snapshot_estimate("ws-1")
+    info = await fake.snapshot("ws-1", "snap")
+    assert (info.kind, info.size_bytes, estimate) == ("filesystem", 5 + len("/workspace/a.txt"), info.size_bytes)
+    await fake.write_file("ws-1", "/workspace/a.txt", b"changed")
+    await fake.restore(WorkspaceSpec(id="copy", image="other"), "snap")
+    assert (await fake.exec("copy", ExecRequest("cat /workspace/link"))).stdout == b"12345"
+    await fake.chmod("copy", "/workspace/a.txt", 0o600)
+    await fake.restore(WorkspaceSpec(id="copy-2", image="other"), "snap")
+    assert (await fake.stat("copy-2", "/workspace/a.txt")).mode == 0o644
+    with pytest.raises(WorkspaceStateError, match="already exists"):
+        await fake.snapshot("ws-1", "snap")
+    with pytest.raises(WorkspaceStateError, match="already exists"):
+        await fake.restore(WorkspaceSpec(id="copy", image="fake"), "snap")
+    await fake.stop("ws-1")
+    with pytest.raises(WorkspaceStateError, match="not running"):
+        await fake.snapshot("ws-1", "other")
+    assert await fake.list_snapshots() == ["snap"]
+
+
+async def test_restore_of_a_missing_snapshot_names_it(fake: FakeProvider) -> None:
+    """Restoring an unknown or deleted snapshot raises SnapshotNotFoundError naming it; deleting twice is fine."""
+    with pytest.raises(SnapshotNotFoundError, match="never-taken"):
+        await fake.restore(spec("new"), "never-taken")
+    await fake.snapshot("ws-1", "gone")
+    await fake.delete_snapshot("gone")
+    await fake.delete_snapshot("gone")
+    with pytest.raises(SnapshotNotFoundError, match="gone"):
+        await fake.restore(spec("new"), "gone")
+    assert await fake.state("new") is WorkspaceState.MISSING
+
+
+async def test_fail_snapshot_and_fail_restore_inject_provider_errors(fake: FakeProvider) -> None:
+    """fail_snapshot and fail_restore raise ProviderUnavailableError with their reason and store or create nothing."""
+    fake.fail_snapshot = "checkpoint failed"
+    with pytest.raises(ProviderUnavailableError, match="checkpoint failed"):
+        await fake.snapshot("ws-1", "snap")
+    assert await fake.list_snapshots() == []
+    fake.fail_snapshot = None
+    await fake.snapshot("ws-1", "snap")
+    fake.fail_restore = "restore failed"
+    with pytest.raises(ProviderUnavailableError, match="restore failed"):
+        await fake.restore(spec("new"), "snap")
+    assert await fake.list_workspaces() == ["ws-1"]

@@ -47,9 +47,11 @@ import re
 import select
 import shutil
 import signal
+import socket
 import stat as statlib
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -126,7 +128,7 @@ class Agent:
         self.out = out
         self.out_lock = threading.Lock()
         self.workers = Workers()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # exec id -> Popen, for kill
+        self.procs: dict[int, Process] = {}  # exec id -> its process, for kill
         self.streams: dict[int, Window] = {}  # exec or read id -> its flow-control window
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.base_env = dict(os.environ)
@@ -138,6 +140,8 @@ class Agent:
                 self.base_env.pop(name, None)
             with contextlib.suppress(ValueError, TypeError):
                 self.base_env.update({str(k): str(v) for k, v in json.loads(restore).items()})
+        self.spawner: str | None = self.base_env.pop("CORRAL_SPAWNER_SOCKET", None) or None
+        self.spawner_seen = False
         self.base_env.setdefault("HOME", "/root")
         self.base_env.setdefault("LANG", "C.UTF-8")
         self.base_env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
@@ -243,6 +247,45 @@ class Agent:
         except Exception as exc:
             self.error(rid, exc)
 
+    # commands -----------------------------------------------------------------------------------------------------
+    def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> Process:
+        """Start a command with its own session, stdin from /dev/null and stdout/stderr piped to the agent.
+
+        Through the spawner when the container runs one (see :func:`spawner_main`), so that the command belongs to
+        the container's own process tree and survives a checkpoint; else (an older container, a spawner killed by
+        the workspace) as the agent's own child.
+        """
+        if self.spawner is not None:
+            sock = self.spawner_connection()
+            if sock is not None:
+                return Spawned.start(sock, argv, cwd, env)
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+
+    def spawner_connection(self) -> socket.socket | None:
+        """A connection to the spawner; the first time, wait for it to boot (it starts with the container)."""
+        assert self.spawner is not None
+        deadline = time.monotonic() + (0 if self.spawner_seen else SPAWNER_BOOT_S)
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(self.spawner)
+            except OSError:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.01)
+                continue
+            self.spawner_seen = True
+            return sock
+
     # operations ---------------------------------------------------------------------------------------------------
     def op_ping(self, h: Header) -> Header:
         return {"pid": os.getpid(), "version": PROTOCOL_VERSION}
@@ -255,15 +298,7 @@ class Agent:
         timeout = h.get("timeout_s")
         deadline: float | None = started + timeout if timeout else None
         try:
-            proc = subprocess.Popen(
-                h["argv"],
-                cwd=h.get("cwd") or "/",
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
+            proc = self.spawn(h["argv"], h.get("cwd") or "/", env)
         except FileNotFoundError as exc:
             # Same convention as a shell: a missing program or cwd is exit 127 with the reason on stderr.
             what = h.get("cwd") if exc.filename == h.get("cwd") else h["argv"][0]
@@ -935,7 +970,7 @@ def usage_beneath(h: Header) -> Header:
     return _at(h["beneath"], h["path"], act, follow=True)
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
+def kill_group(proc: Process) -> None:
     """SIGKILL every process in the command's process group, again until none is left (a forking group can add
     members while the first signal is delivered)."""
     for _ in range(20):
@@ -981,6 +1016,178 @@ def not_dumpable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
 
 
+# --- the spawner ---------------------------------------------------------------------------------------------------
+#
+# gVisor restores only the container's own process tree after a checkpoint: processes started by `docker exec` (the
+# agent) and everything they start are gone. So the container's main process is this spawner (`agent.py --spawner`,
+# from the same read-only runtime), and the agent asks it to start every command: commands, and the daemons they
+# leave behind, are the spawner's children and come back after a restore. The spawner gives the workspace nothing
+# it does not have: anyone in it is root in it already.
+
+SPAWNER_SOCKET = "/run/corral/spawner.sock"
+SPAWNER_BOOT_S = 10.0
+SPAWN_REQUEST_MAX = 4 * 1024 * 1024
+SPAWNER_REPLY_S = 10.0
+SPAWNER_MESSAGE_MAX = 64 * 1024
+
+
+class Spawned:
+    """A command the spawner started: ``pid``, ``stdout``/``stderr`` (pipes to the agent), and Popen's ``poll`` and
+    ``wait``, answered by the spawner's connection (it sends the exit status when the command ends)."""
+
+    def __init__(self, sock: socket.socket, pid: int, stdout: BinaryIO, stderr: BinaryIO) -> None:
+        self.sock = sock
+        self.pid = pid
+        self.stdout: BinaryIO | None = stdout
+        self.stderr: BinaryIO | None = stderr
+        self.returncode: int | None = None
+        self.buffer = b""
+
+    @classmethod
+    def start(cls, sock: socket.socket, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
+        """Ask the spawner to start ``argv``; raises FileNotFoundError/PermissionError/OSError as Popen would."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            request = json.dumps({"argv": argv, "cwd": cwd, "env": env}).encode()
+            socket.send_fds(sock, [struct.pack(">I", len(request))], [null, out_w, err_w])
+            sock.sendall(request)
+        except OSError:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            sock.close()
+            raise
+        finally:
+            for fd in (null, out_w, err_w):
+                os.close(fd)
+        spawned = cls(sock, 0, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
+        try:
+            reply = spawned.message(SPAWNER_REPLY_S)  # a spawner that never answers must not hold a worker
+        except subprocess.TimeoutExpired:
+            reply = {"error": "os", "errno": errno.ETIMEDOUT, "message": "the spawner did not answer"}
+        if "pid" not in reply:
+            spawned.close()
+            kind, name = reply.get("error"), reply.get("filename")
+            if kind == "not_found":
+                raise FileNotFoundError(errno.ENOENT, "not found", name)
+            if kind == "permission":
+                raise PermissionError(errno.EACCES, "permission denied", name)
+            raise OSError(int(reply.get("errno") or errno.EIO), str(reply.get("message") or "spawn failed"))
+        spawned.pid = int(reply["pid"])
+        return spawned
+
+    def message(self, timeout: float | None) -> dict[str, Any]:
+        """The spawner's next message; ``{}`` when the connection ended (the spawner died: the command is lost)."""
+        self.sock.settimeout(timeout)
+        while b"\n" not in self.buffer:
+            try:
+                data = self.sock.recv(4096)
+            except (TimeoutError, BlockingIOError):
+                raise subprocess.TimeoutExpired("spawned", timeout or 0) from None
+            except OSError:
+                data = b""
+            if not data or len(self.buffer) + len(data) > SPAWNER_MESSAGE_MAX:
+                return {}
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            value = json.loads(line)
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.finish(self.message(0))
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        while self.returncode is None:
+            self.finish(self.message(timeout))
+        return self.returncode
+
+    def finish(self, message: dict[str, Any]) -> None:
+        code = message.get("exit")
+        self.returncode = int(code) if isinstance(code, int) else -signal.SIGKILL
+        self.sock.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for pipe in (self.stdout, self.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+Process = subprocess.Popen[bytes] | Spawned
+
+
+def spawner_main() -> None:
+    """The container's main process: start commands for the agent (see above), one thread per command."""
+    os.makedirs(os.path.dirname(SPAWNER_SOCKET), mode=0o700, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(SPAWNER_SOCKET)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(SPAWNER_SOCKET)
+    os.chmod(SPAWNER_SOCKET, 0o600)
+    server.listen(128)
+    while True:
+        conn, _ = server.accept()
+        threading.Thread(target=serve_spawn, args=(conn,), daemon=True).start()
+
+
+def serve_spawn(conn: socket.socket) -> None:
+    fds: list[int] = []
+    with conn:
+        try:
+            head, fds, _, _ = socket.recv_fds(conn, 4, 3)
+            while len(head) < 4:
+                more = conn.recv(4 - len(head))
+                if not more:
+                    return
+                head += more
+            size = struct.unpack(">I", head)[0]
+            if size > SPAWN_REQUEST_MAX or len(fds) != 3:
+                return
+            body = b""
+            while len(body) < size:
+                more = conn.recv(min(65536, size - len(body)))
+                if not more:
+                    return
+                body += more
+            request = json.loads(body)
+            try:
+                proc = subprocess.Popen(
+                    [str(a) for a in request["argv"]],
+                    cwd=str(request["cwd"]),
+                    env={str(k): str(v) for k, v in request["env"].items()},
+                    stdin=fds[0],
+                    stdout=fds[1],
+                    stderr=fds[2],
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                reply: dict[str, Any] = {"error": "not_found", "filename": exc.filename}
+            except PermissionError as exc:
+                reply = {"error": "permission", "filename": exc.filename}
+            except OSError as exc:
+                reply = {"error": "os", "errno": exc.errno, "message": str(exc)}
+            else:
+                reply = {"pid": proc.pid}
+            finally:
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+            if "pid" in reply:
+                conn.sendall(json.dumps({"exit": proc.wait()}).encode() + b"\n")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
 def main() -> None:
     not_dumpable()
     # stdout carries frames only; anything the agent prints by mistake goes to stderr.
@@ -993,4 +1200,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--spawner"]:
+        spawner_main()
+    else:
+        main()

@@ -55,6 +55,7 @@ class ExecStream:
         on_stderr: Callable[[bytes], None],
     ) -> None:
         self.writer = writer
+        self.exec_id = ""
         self._sock = sock_reader
         self._on_stderr = on_stderr
         self._buffer = bytearray()
@@ -208,9 +209,100 @@ class DockerEngine:
         result = await self.request("POST", "/containers/create", params={"name": name}, body=config)
         return str(result["Id"])
 
-    async def start_container(self, ref: str) -> None:
-        """Start a created container."""
-        await self.request("POST", f"/containers/{quote(ref, safe='')}/start")
+    async def start_container(self, ref: str, *, checkpoint: str | None = None) -> None:
+        """Start a created or stopped container; with ``checkpoint``, restore it from that checkpoint (experimental
+        API: processes and memory come back)."""
+        params = {"checkpoint": checkpoint} if checkpoint else None
+        await self.request("POST", f"/containers/{quote(ref, safe='')}/start", params=params, timeout=120.0)
+
+    async def stop_container(self, ref: str, *, timeout_s: int = 5) -> None:
+        """Stop a running container (SIGTERM, then SIGKILL after ``timeout_s``); a stopped one is fine."""
+        try:
+            await self.request(
+                "POST", f"/containers/{quote(ref, safe='')}/stop", params={"t": timeout_s}, timeout=timeout_s + 30.0
+            )
+        except DockerAPIError as exc:
+            if exc.status != 304:  # already stopped
+                raise
+
+    async def create_checkpoint(self, ref: str, name: str, *, exit: bool) -> None:
+        """Checkpoint a running container's processes and memory (Docker's experimental API; gVisor supports it).
+        ``exit``: stop the container once checkpointed, else leave it running."""
+        await self.request(
+            "POST",
+            f"/containers/{quote(ref, safe='')}/checkpoints",
+            body={"CheckpointID": name, "Exit": exit},
+            timeout=300.0,
+        )
+
+    async def list_checkpoints(self, ref: str) -> list[str]:
+        """Names of the container's checkpoints."""
+        result = await self.request("GET", f"/containers/{quote(ref, safe='')}/checkpoints")
+        return [str(c.get("Name")) for c in result or []]
+
+    async def remove_checkpoint(self, ref: str, name: str) -> None:
+        """Remove a checkpoint; a missing one is fine."""
+        try:
+            await self.request("DELETE", f"/containers/{quote(ref, safe='')}/checkpoints/{quote(name, safe='')}")
+        except DockerAPIError as exc:
+            if exc.status != 404 and not any(m in exc.message.lower() for m in ("does not exist", "no such file")):
+                raise
+
+    async def commit(self, ref: str, repo: str, tag: str, *, labels: dict[str, str]) -> str:
+        """``docker commit``: the container's filesystem as a new image ``repo:tag``; returns the image id."""
+        result = await self.request(
+            "POST",
+            "/commit",
+            params={"container": ref, "repo": repo, "tag": tag, "pause": "true"},
+            body={"Labels": labels},
+            timeout=300.0,
+        )
+        return str(result["Id"])
+
+    async def remove_image(self, ref: str, *, force: bool = False) -> None:
+        """Remove an image (``force``: even when containers still use it: the tag goes, the layers stay until they
+        do not); a missing one is fine."""
+        try:
+            await self.request("DELETE", f"/images/{quote(ref, safe='')}", params={"force": str(force).lower()})
+        except DockerAPIError as exc:
+            if exc.status != 404:
+                raise
+
+    async def list_images(self, labels: list[str]) -> list[dict[str, Any]]:
+        """Images carrying every one of ``labels``."""
+        result: list[dict[str, Any]] = await self.request(
+            "GET", "/images/json", params={"filters": json.dumps({"label": labels})}
+        )
+        return result
+
+    async def exec_running(self, exec_id: str) -> bool:
+        """Whether an exec's process still runs (a missing exec does not)."""
+        try:
+            result = await self.request("GET", f"/exec/{quote(exec_id, safe='')}/json")
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return bool(result.get("Running"))
+
+    async def exec_privileged(self, container: str, cmd: list[str], *, env: list[str] | None = None) -> None:
+        """Run ``cmd`` with every capability, detached, for Corral's own maintenance inside a sandbox (setting a
+        restored fork's hostname). ``cmd`` must be a trusted binary: nothing the workspace can write."""
+        created = await self.request(
+            "POST",
+            f"/containers/{quote(container, safe='')}/exec",
+            body={"Cmd": cmd, "Privileged": True, "Env": env or [], "AttachStdout": False, "AttachStderr": False},
+        )
+        await self.request("POST", f"/exec/{created['Id']}/start", body={"Detach": True, "Tty": False})
+        for _ in range(500):
+            if not await self.exec_running(created["Id"]):
+                break
+            await asyncio.sleep(0.01)
+        else:  # stopped from inside (SIGSTOP) or hanging: an all-capabilities process must not be left running
+            raise DockerAPIError(500, f"{cmd[-2:]} did not finish within 5 s")
+        result = await self.request("GET", f"/exec/{created['Id']}/json")
+        if result.get("ExitCode") != 0:
+            raise DockerAPIError(500, f"{cmd[-2:]} exited with {result.get('ExitCode')}")
 
     async def inspect_container(self, ref: str) -> dict[str, Any] | None:
         """The container's description, or None when it does not exist."""
@@ -221,6 +313,16 @@ class DockerEngine:
                 return None
             raise
         return result
+
+    async def container_size(self, ref: str) -> int:
+        """Bytes in the container's writable layer (``SizeRw``: what ``docker commit`` would write), 0 if gone."""
+        try:
+            result = await self.request("GET", f"/containers/{quote(ref, safe='')}/json", params={"size": "true"})
+        except DockerAPIError as exc:
+            if exc.status == 404:
+                return 0
+            raise
+        return int(result.get("SizeRw") or 0)
 
     async def remove_container(self, ref: str) -> None:
         """Kill and remove a container (anonymous volumes too); a missing one is fine."""
@@ -262,7 +364,7 @@ class DockerEngine:
     async def container_stats(self, ref: str) -> dict[str, Any]:
         """One stats sample (no streaming)."""
         result: dict[str, Any] = await self.request(
-            "GET", f"/containers/{quote(ref, safe='')}/stats", params={"stream": "false"}
+            "GET", f"/containers/{quote(ref, safe='')}/stats", params={"stream": "false", "one-shot": "true"}
         )
         return result
 
@@ -333,4 +435,6 @@ class DockerEngine:
         except BaseException:
             writer.close()
             raise
-        return ExecStream(reader, writer, on_stderr)
+        stream = ExecStream(reader, writer, on_stderr)
+        stream.exec_id = str(exec_id)
+        return stream

@@ -63,7 +63,11 @@ __all__ = [
     "FileInfo",
     "Health",
     "NetworkMode",
+    "Persistence",
     "ResourceLimits",
+    "Retention",
+    "SnapshotInfo",
+    "Snapshotter",
     "WorkspaceCalls",
     "WorkspaceEvent",
     "WorkspaceProvider",
@@ -77,6 +81,10 @@ __all__ = [
     "parse_cpu",
     "parse_size",
 ]
+
+
+Persistence = Literal["full", "workspace", "none"]
+Retention = Literal["memory", "filesystem", "none"]
 
 
 class ExecMode(enum.StrEnum):
@@ -93,6 +101,8 @@ class WorkspaceState(enum.StrEnum):
 
     RUNNING = "running"
     STOPPED = "stopped"
+    PAUSED = "paused"
+    """Stopped with its processes and memory checkpointed: ``resume`` brings them back."""
     MISSING = "missing"
 
 
@@ -295,8 +305,11 @@ class Capabilities:
     """What a provider offers, what it needs from the host, and what it has left."""
 
     isolation: Literal["microvm", "gvisor", "container", "remote", "none"]
-    persistence: bool
-    snapshots: bool
+    persistence: Persistence
+    """What stop/resume keeps: "full" (the whole filesystem), "workspace" (only /workspace) or "none"."""
+    snapshots: Retention
+    """What a snapshot captures (a fork is a snapshot restored N times): "memory" (processes and memory, with the
+    filesystem), "filesystem", or "none" (no snapshots, no forks)."""
     warm_pool: bool
     streaming: bool
     disk_limit: Literal["enforced", "monitored", "none"]
@@ -306,6 +319,8 @@ class Capabilities:
     """Expected create latency; measured on this host once the provider has created workspaces."""
     resources: Mapping[str, object] = field(default_factory=dict)
     """Current availability, e.g. ``{"cpu_count": 2, "memory_bytes": ..., "disk_free_bytes": ...}``."""
+    pause: Retention = "none"
+    """What pause keeps: "memory" (processes, memory, open files), "filesystem" (a stop keeping the disk), "none"."""
 
 
 # --- the contract -------------------------------------------------------------------------------------------------
@@ -434,6 +449,43 @@ class DiskUsageReporter(Protocol):
 
     async def disk_usage(self, workspace_id: str) -> int:
         """Bytes used under /workspace."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotInfo:
+    """What a provider stored for one snapshot."""
+
+    kind: Literal["memory", "filesystem"]
+    """"memory": restoring brings back processes and memory too; "filesystem": files only, processes start fresh."""
+    size_bytes: int
+    """Bytes the snapshot holds on the host (image layer, volume copy, memory checkpoint)."""
+
+
+@runtime_checkable
+class Snapshotter(Protocol):
+    """Optional sub-interface of providers that pause with memory and take snapshots (see ``Capabilities.pause``
+    and ``Capabilities.snapshots``). Snapshot ids are chosen by Corral, like workspace ids."""
+
+    async def pause(self, workspace_id: str) -> Literal["memory", "filesystem"]:
+        """Free the workspace's CPU and memory, keeping its processes and memory where the provider can ("memory":
+        ``resume`` restores them) and else its whole disk ("filesystem": ``resume`` is a cold start).
+
+        Pausing a paused workspace answers what it holds; a stopped one is refused (WorkspaceStateError)."""
+
+    async def snapshot(self, workspace_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Capture the running workspace's filesystem, and its memory where the provider can, under ``snapshot_id``.
+        The workspace keeps running; it may be held still for as long as the checkpoint takes."""
+
+    async def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+        """Create the workspace ``spec.id`` from a snapshot, running: the snapshot's files, and its processes and
+        memory when it has them. ``spec`` gives the new workspace's id, labels and env; the image comes from the
+        snapshot. Raises SnapshotNotFoundError naming the snapshot when it is gone."""
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove every host object of the snapshot. Idempotent."""
+
+    async def list_snapshots(self) -> list[str]:
+        """Ids of every snapshot this provider holds host objects for (reconciliation)."""
 
 
 @dataclass(frozen=True, slots=True)

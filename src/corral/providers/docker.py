@@ -9,9 +9,12 @@ Layout of one workspace ``{id}``:
   sockets mounted, and no network at all in ``isolated`` mode;
 * both labelled ``corral.workspace.id={id}`` and ``corral.provider={name}``.
 
-Stop removes the container and keeps the volume; resume creates a new container on the same volume. Exec and file
-calls go to the guest agent (:mod:`corral.guest.agent`), started once per container with ``docker exec -i`` and then
-reused for every call: one round trip over an open stream instead of a new ``docker exec`` per call.
+Stop stops the container and keeps it: its whole filesystem (packages, /etc, /root, /tmp on disk) and the volume
+come back on resume. Pause under gVisor checkpoints processes and memory into the stopped container (Docker's
+experimental checkpoint API); resume restores them. Snapshots and forks: see :meth:`DockerProvider.snapshot`.
+Exec and file calls go to the guest agent (:mod:`corral.guest.agent`), started once per container with
+``docker exec -i`` and then reused for every call: one round trip over an open stream instead of a new
+``docker exec`` per call.
 
 Plain runc shares the host kernel: every create logs a security warning saying isolation is reduced. Prefer gvisor.
 """
@@ -20,23 +23,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
+import re
 import shutil
 import time
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from corral.errors import (
     CorralError,
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
+from corral.guest.agent import SPAWNER_SOCKET
 from corral.guest.client import GuestConnection, GuestConnectionLost
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
+from corral.providers._host_copy import copy_tree, link_tree, tree_size
 from corral.providers.agent_backed import AgentBackedProvider
 from corral.providers.agent_runtime import AGENT_COMMAND, RUNTIME_MOUNT, AgentRuntime, agent_environment
 from corral.providers.base import (
@@ -45,6 +54,7 @@ from corral.providers.base import (
     Health,
     NetworkMode,
     ResourceLimits,
+    SnapshotInfo,
     WorkspaceEvent,
     WorkspaceSpec,
     WorkspaceState,
@@ -58,6 +68,10 @@ LABEL_ID = "corral.workspace.id"
 LABEL_PROVIDER = "corral.provider"
 LABEL_SPEC = "corral.spec"
 LABEL_OWNER = "corral.owner"
+LABEL_SNAPSHOT = "corral.snapshot.id"
+SNAPSHOT_REPO = "corral-snapshot"
+PAUSE_CHECKPOINT = "corral-pause"
+DEFAULT_SNAPSHOT_DIR = Path("/var/lib/corral/snapshots")
 
 # What a development workspace needs: file ownership and permissions (package managers, git), signals to its own
 # processes, and switching users (su, sudo-less tools that drop privileges). Everything else (NET_RAW, MKNOD,
@@ -67,6 +81,12 @@ AGENT_START_TIMEOUT_S = 30.0
 DEFAULT_AGENT_IMAGE = "corral/workspace:base"
 DEFAULT_AGENT_RUNTIME_DIR = Path("/var/lib/corral/agent-runtime")
 WARMUP_CONCURRENCY = 2
+_RESTORES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _restore_lock() -> asyncio.Lock:
+    """One checkpoint restore at a time per event loop, across provider instances (see DockerProvider._start)."""
+    return _RESTORES.setdefault(asyncio.get_running_loop(), asyncio.Lock())
 
 
 def volume_name(workspace_id: str) -> str:
@@ -79,6 +99,16 @@ def container_name(workspace_id: str) -> str:
     return f"corral-{workspace_id}"
 
 
+def snapshot_volume(snapshot_id: str) -> str:
+    """The Docker volume holding a snapshot's copy of ``/workspace`` (never mounted anywhere)."""
+    return f"corral-snapshot-{snapshot_id}"
+
+
+def snapshot_image(snapshot_id: str) -> str:
+    """The image holding a snapshot's root filesystem (``docker commit`` of the source)."""
+    return f"{SNAPSHOT_REPO}:{snapshot_id}"
+
+
 class DockerProvider(AgentBackedProvider):
     """Workspaces as hardened Docker containers with a named volume. ``runtime`` picks runc or runsc.
 
@@ -89,6 +119,9 @@ class DockerProvider(AgentBackedProvider):
     name = "docker"
     isolation: Any = "container"
     default_startup_ms = 250.0
+    memory_checkpoints = False
+    """Whether the runtime checkpoints processes and memory (runsc does; runc would need CRIU, which cannot
+    checkpoint on these hosts' kernels). Without it, pause is a stop and snapshots hold files only."""
 
     def __init__(
         self,
@@ -99,8 +132,10 @@ class DockerProvider(AgentBackedProvider):
         owner: str | None = None,
         agent_image: str = DEFAULT_AGENT_IMAGE,
         agent_runtime_dir: Path = DEFAULT_AGENT_RUNTIME_DIR,
+        snapshot_dir: Path = DEFAULT_SNAPSHOT_DIR,
     ) -> None:
         self.engine = engine
+        self.snapshot_dir = snapshot_dir
         self.owner = owner
         self.agent_runtime = AgentRuntime(engine, image=agent_image, root=agent_runtime_dir, provider=self.name)
         self.pids_limit = pids_limit
@@ -113,7 +148,10 @@ class DockerProvider(AgentBackedProvider):
         self._dead: set[str] = set()  # containers that died since their create/resume, from the event stream
         self._expected_exits: set[str] = set()  # containers Corral itself is stopping or removing
         self._containers: dict[str, str] = {}  # workspace id -> the id of the container started for it last
-        self._generations: dict[str, int] = {}  # workspace id -> how many containers this process started for it
+        self._generations: dict[str, int] = {}  # workspace id -> how many starts this process made for it
+        self._started_ns: dict[str, int] = {}  # workspace id -> when this process last started its container
+        self._agent_execs: dict[str, str] = {}  # workspace id -> the exec id of its agent
+        self._docker_root: Path | None = None
         self._warmup_slots = asyncio.Semaphore(WARMUP_CONCURRENCY)
 
     # --- what differs between runc and runsc -------------------------------------------------------------------
@@ -152,10 +190,13 @@ class DockerProvider(AgentBackedProvider):
             raise
         elapsed = (time.monotonic() - started) * 1000
         self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
-        # Start the agent in the background, so the first exec usually finds it ready.
-        task = asyncio.create_task(self._connect_quietly(spec.id), name=f"agent-warmup-{spec.id}")
-        self._warmups[spec.id] = task
-        task.add_done_callback(lambda _: self._warmups.pop(spec.id, None))
+        self._warm_up(spec.id)
+
+    def _warm_up(self, workspace_id: str) -> None:
+        """Start the agent in the background, so the first exec usually finds it ready."""
+        task = asyncio.create_task(self._connect_quietly(workspace_id), name=f"agent-warmup-{workspace_id}")
+        self._warmups[workspace_id] = task
+        task.add_done_callback(lambda _: self._warmups.pop(workspace_id, None))
 
     def known_dead(self, workspace_id: str) -> bool:
         """True when the event stream saw the container die since it was started (see :class:`DeathWatcher`)."""
@@ -169,20 +210,46 @@ class DockerProvider(AgentBackedProvider):
         name = container_name(spec.id)
         try:
             self._containers[spec.id] = await self.engine.create_container(name, config)
-            self._generations[spec.id] = self._generations.get(spec.id, 0) + 1
-            await self.engine.start_container(name)
+            await self._start(spec.id)
         except DockerAPIError as exc:
             with contextlib.suppress(Exception):
                 await self.engine.remove_container(name)
             raise self._translate(exc, spec.id, image=spec.image) from exc
 
+    async def _start(self, workspace_id: str, checkpoint: str | None = None) -> None:
+        """Start (or restore) the workspace's container, and note when: older die events are no news."""
+        self._dead.discard(workspace_id)
+        self._expected_exits.discard(workspace_id)
+        self._ensure_event_watch()
+        self._generations[workspace_id] = self._generations.get(workspace_id, 0) + 1
+        self._started_ns[workspace_id] = time.time_ns()
+        if checkpoint is None:
+            await self.engine.start_container(container_name(workspace_id))
+            return
+        # One restore at a time: dockerd uploads each checkpoint into containerd's content store, keyed by digest,
+        # and two uploads of the same content at once (a fork; or another server on this engine) collide there
+        # ("commit failed: content sha256:...: already exists"). The collision is transient: try again shortly.
+        async with _restore_lock():
+            for attempt in range(6):
+                try:
+                    await self.engine.start_container(container_name(workspace_id), checkpoint=checkpoint)
+                except DockerAPIError as exc:
+                    if "already exists" not in exc.message or attempt == 5:
+                        raise
+                    log.info("workspace %s: restore collided in containerd (%s); retrying", workspace_id, exc)
+                    await asyncio.sleep(0.02 * 2**attempt)  # 20 ms, 40 ms... (moby/moby#42900)
+                else:
+                    return
+
     def _container_config(self, spec: WorkspaceSpec, agent_runtime: str) -> dict[str, Any]:
         limits = spec.limits
         return {
             "Image": spec.image,
-            "Cmd": ["sleep", "infinity"],
+            # The spawner (the agent's file in spawner mode) is the main process: commands are its children, so
+            # gVisor restores them after a checkpoint (it drops everything `docker exec` started).
+            "Cmd": [*AGENT_COMMAND, "--spawner"],
             "WorkingDir": WORKSPACE_ROOT,
-            "Hostname": "workspace",
+            "Hostname": hostname(spec.id),
             "Env": [f"{k}={v}" for k, v in spec.env.items()],
             "Labels": {**dict(spec.labels), **self._labels(spec.id)},
             "NetworkDisabled": spec.network == "isolated",
@@ -209,53 +276,321 @@ class DockerProvider(AgentBackedProvider):
         }
 
     def _labels(self, workspace_id: str) -> dict[str, str]:
-        labels = {LABEL_ID: workspace_id, LABEL_PROVIDER: self.name}
-        if self.owner is not None:
-            labels[LABEL_OWNER] = self.owner
-        return labels
+        return {LABEL_ID: workspace_id, **self._owner_labels()}
 
     async def destroy(self, workspace_id: str) -> None:
-        """Remove container and volume. Idempotent."""
+        """Remove container (its checkpoints with it) and volume. Idempotent."""
         await self._drop_agent(workspace_id)
         self._forget_gate(workspace_id)
         await self._remove_all(workspace_id)
 
     async def _remove_all(self, workspace_id: str) -> None:
         self._expected_exits.add(workspace_id)
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         await self._call(self.engine.remove_container(container_name(workspace_id)))
         await self._call(self.engine.remove_volume(volume_name(workspace_id)))
+        if info is not None:
+            await self._collect_snapshot_image(info.get("Image", ""))
+
+    async def _collect_snapshot_image(self, image_id: str) -> None:
+        """Remove a snapshot image whose snapshot was deleted (untagged) once its last workspace is gone."""
+        image = await self._call(self.engine.inspect_image(image_id)) if image_id else None
+        if image is None or LABEL_SNAPSHOT not in ((image.get("Config") or {}).get("Labels") or {}):
+            return
+        if not image.get("RepoTags"):
+            with contextlib.suppress(DockerAPIError):  # another workspace restored from it still runs
+                await self.engine.remove_image(image_id)
 
     async def stop(self, workspace_id: str) -> None:
-        """Remove the container (processes end, memory is freed); the volume stays."""
-        if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
-            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        """Stop the container and keep it: processes end, CPU and memory are freed, the whole disk stays. A paused
+        workspace's memory is discarded."""
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is None:
+            if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
+                raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            return  # stopped before full-disk stop existed: only the volume is left
         await self._drop_agent(workspace_id)
         self._expected_exits.add(workspace_id)
-        await self._call(self.engine.remove_container(container_name(workspace_id)))
+        await self._call(self.engine.stop_container(container_name(workspace_id)))
+        if self.memory_checkpoints:
+            await self._call(self.engine.remove_checkpoint(container_name(workspace_id), PAUSE_CHECKPOINT))
 
     async def resume(self, workspace_id: str) -> None:
-        """Start a new container on the workspace's volume. A running workspace is left as it is."""
+        """Start the stopped container again (its whole disk is there), restoring processes and memory when it was
+        paused. A running workspace is left as it is."""
         volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
         if volume is None:
             raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is not None and info["State"].get("Running"):
             return
-        if info is not None:  # exited on its own (e.g. killed by the OOM killer): replace it
-            self._expected_exits.add(workspace_id)
-            await self._call(self.engine.remove_container(container_name(workspace_id)))
-        spec = _spec_from_json(workspace_id, (volume.get("Labels") or {}).get(LABEL_SPEC, "{}"))
         await self.check_runtime()
-        await self._start_container(spec)
+        if info is None:  # only the volume is left (stopped by an older Corral): a new container on it
+            spec = _spec_from_json(workspace_id, (volume.get("Labels") or {}).get(LABEL_SPEC, "{}"))
+            await self._start_container(spec)
+            return
+        self._containers[workspace_id] = info["Id"]
+        name = container_name(workspace_id)
+        if await self._paused(workspace_id):
+            try:
+                await self._start(workspace_id, checkpoint=PAUSE_CHECKPOINT)
+            except DockerAPIError as exc:
+                # The memory image cannot be restored (a runtime upgrade, a damaged file): the disk is intact, so
+                # start cold rather than leave the workspace unusable, and say so in the log.
+                log.warning(
+                    "workspace %s: restoring its paused memory failed (%s); starting it cold", workspace_id, exc
+                )
+                await self._call(self._start(workspace_id))
+            finally:
+                with contextlib.suppress(DockerAPIError):
+                    await self.engine.remove_checkpoint(name, PAUSE_CHECKPOINT)
+            self._warm_up(workspace_id)
+            return
+        await self._call(self._start(workspace_id))
+        self._warm_up(workspace_id)
+
+    async def _paused(self, workspace_id: str) -> bool:
+        if not self.memory_checkpoints:
+            return False
+        with contextlib.suppress(DockerAPIError):
+            return PAUSE_CHECKPOINT in await self.engine.list_checkpoints(container_name(workspace_id))
+        return False
 
     async def state(self, workspace_id: str) -> WorkspaceState:
-        """Running when the container runs; stopped when only the volume is left; else missing."""
+        """Running when the container runs; paused when it holds a pause checkpoint; stopped when it (or only the
+        volume) is left; else missing."""
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is not None and info["State"].get("Running"):
             return WorkspaceState.RUNNING
+        if info is not None:
+            return WorkspaceState.PAUSED if await self._paused(workspace_id) else WorkspaceState.STOPPED
         if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is not None:
             return WorkspaceState.STOPPED
-        return WorkspaceState.STOPPED if info is not None else WorkspaceState.MISSING
+        return WorkspaceState.MISSING
+
+    # --- pause, snapshots, forks ---------------------------------------------------------------------------------
+
+    async def pause(self, workspace_id: str) -> Literal["memory", "filesystem"]:
+        """Under gVisor: checkpoint processes, memory and open files into the container and stop it ("memory").
+        Under runc: a stop, keeping the whole disk ("filesystem"). Commands in flight end; background processes
+        (``nohup``, ``setsid``) are part of the memory image."""
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if not self.memory_checkpoints:
+            if info is None and await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
+                raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+            await self.stop(workspace_id)
+            return "filesystem"
+        if info is None:
+            await self._require_running(workspace_id)  # raises: missing, or stopped by an older Corral
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if not info["State"].get("Running"):
+            if await self._paused(workspace_id):
+                return "memory"
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; only a running workspace can be paused",
+                details={"id": workspace_id},
+            )
+        await self._checkpoint(workspace_id, PAUSE_CHECKPOINT)
+        return "memory"
+
+    async def _checkpoint(self, workspace_id: str, name: str) -> None:
+        """Checkpoint and stop the container. The agent goes first: gVisor cannot restore a process holding file
+        descriptors donated by ``docker exec`` (the agent's stdio), and a new agent connects after the restore."""
+        await self._quiesce(workspace_id)
+        self._expected_exits.add(workspace_id)
+        try:
+            await self.engine.create_checkpoint(container_name(workspace_id), name, exit=True)
+        except DockerAPIError as exc:
+            self._expected_exits.discard(workspace_id)
+            raise ProviderUnavailableError(self.name, f"checkpoint of workspace {workspace_id} failed: {exc}") from exc
+        # dockerd answers before it has handled the container's exit (inspect says Running for up to ~0.3 s): wait,
+        # so that state() says paused and a resume or start from the checkpoint finds the container stopped.
+        deadline = time.monotonic() + 10.0
+        while (info := await self._call(self.engine.inspect_container(container_name(workspace_id)))) is not None:
+            if not info["State"].get("Running"):
+                return
+            if time.monotonic() > deadline:
+                raise ProviderUnavailableError(self.name, f"workspace {workspace_id} still ran 10 s after checkpoint")
+            await asyncio.sleep(0.01)
+
+    async def _quiesce(self, workspace_id: str) -> None:
+        """Close the agent's stream and wait until its process has ended (it ends its commands as it goes)."""
+        exec_id = self._agent_execs.pop(workspace_id, "")
+        await self._drop_agent(workspace_id)
+        deadline = time.monotonic() + 10.0
+        while exec_id and time.monotonic() < deadline:
+            if not await self._call(self.engine.exec_running(exec_id)):
+                return
+            await asyncio.sleep(0.01)
+        if exec_id:
+            raise ProviderUnavailableError(self.name, f"the agent of workspace {workspace_id} did not exit in 10 s")
+
+    async def snapshot(self, workspace_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Capture the workspace under ``snapshot_id``: its root filesystem as an image (``docker commit``), a copy
+        of its volume, and under gVisor a checkpoint of its processes and memory, kept in ``snapshot_dir``.
+
+        Under gVisor the workspace is checkpointed and stopped, copied while still, and restored from that very
+        checkpoint: it is held for checkpoint + copy + restore, and its processes carry on. Under runc it is frozen
+        (``docker pause``) while the image and the volume are copied.
+        """
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is None or not info["State"].get("Running"):
+            await self._require_running(workspace_id)
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is not running; resume it before taking a snapshot",
+                details={"id": workspace_id},
+            )
+        volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
+        spec = _spec_from_json(workspace_id, ((volume or {}).get("Labels") or {}).get(LABEL_SPEC, "{}"))
+        name, checkpoint = container_name(workspace_id), f"corral-snap-{snapshot_id}"
+        target = self.snapshot_dir / snapshot_id
+        labels = {**self._owner_labels(), LABEL_SNAPSHOT: snapshot_id, LABEL_SPEC: _spec_json(spec)}
+        _check_snapshot_id(snapshot_id)
+        try:
+            self.snapshot_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.snapshot_dir.chmod(0o700)  # memory images inside: no other user of the host reads them
+            target.mkdir(mode=0o700, exist_ok=False)
+            if self.memory_checkpoints:
+                await self._checkpoint(workspace_id, checkpoint)
+                try:
+                    await self._copy_out(workspace_id, snapshot_id, volume, labels)
+                    source = await self._checkpoint_path(info["Id"], checkpoint)
+                    await asyncio.to_thread(link_tree, source, target / "checkpoint")
+                finally:
+                    # Carry on from the checkpoint just taken (the snapshot keeps its own links to it).
+                    try:
+                        await self._start(workspace_id, checkpoint=checkpoint)
+                    except DockerAPIError:
+                        log.warning("workspace %s: restore after snapshot failed; starting it cold", workspace_id)
+                        await self._call(self._start(workspace_id))
+                    await self._call(self.engine.remove_checkpoint(name, checkpoint))
+                    self._warm_up(workspace_id)
+            else:
+                await self._call(self.engine.request("POST", f"/containers/{name}/pause"))
+                try:
+                    await self._copy_out(workspace_id, snapshot_id, volume, labels)
+                finally:
+                    await self._call(self.engine.request("POST", f"/containers/{name}/unpause"))
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.delete_snapshot(snapshot_id))
+            if isinstance(exc, OSError):  # copying on the host failed (disk full, a file vanished)
+                raise ProviderUnavailableError(
+                    self.name, f"snapshot of workspace {workspace_id} failed: {exc}"
+                ) from exc
+            raise
+        kind: Literal["memory", "filesystem"] = "memory" if self.memory_checkpoints else "filesystem"
+        return SnapshotInfo(kind, await self._snapshot_size(snapshot_id, spec.image))
+
+    async def snapshot_estimate(self, workspace_id: str) -> int:
+        """What a snapshot would hold, measured before it is taken: the writable layer as ``docker commit`` writes it
+        (sparse files in full), the volume's allocated bytes, and under gVisor the memory the workspace uses now."""
+        layer = await self._call(self.engine.container_size(container_name(workspace_id)))
+        volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
+        volume_bytes = await asyncio.to_thread(tree_size, Path(volume["Mountpoint"])) if volume else 0
+        memory = 0
+        if self.memory_checkpoints:
+            with contextlib.suppress(DockerAPIError, KeyError, TypeError):
+                stats = await self.engine.container_stats(container_name(workspace_id))
+                memory = int(stats["memory_stats"]["usage"])
+        return int(layer) + volume_bytes + memory
+
+    async def _copy_out(
+        self, workspace_id: str, snapshot_id: str, volume: dict[str, Any] | None, labels: dict[str, str]
+    ) -> None:
+        """The image and the volume copy of a snapshot, from the (still) source container."""
+        await self._call(self.engine.commit(container_name(workspace_id), SNAPSHOT_REPO, snapshot_id, labels=labels))
+        await self._call(self.engine.create_volume(snapshot_volume(snapshot_id), labels))
+        copy = await self._call(self.engine.inspect_volume(snapshot_volume(snapshot_id)))
+        await copy_tree(Path((volume or {})["Mountpoint"]), Path(copy["Mountpoint"]))
+
+    async def _snapshot_size(self, snapshot_id: str, base_image: str) -> int:
+        image = await self._call(self.engine.inspect_image(snapshot_image(snapshot_id))) or {}
+        base = await self._call(self.engine.inspect_image(base_image)) if base_image else None
+        layer = max(0, int(image.get("Size") or 0) - int((base or {}).get("Size") or 0))
+        copy = await self._call(self.engine.inspect_volume(snapshot_volume(snapshot_id)))
+        volume_bytes = await asyncio.to_thread(tree_size, Path(copy["Mountpoint"])) if copy else 0
+        memory = await asyncio.to_thread(tree_size, self.snapshot_dir / snapshot_id)
+        return layer + volume_bytes + memory
+
+    async def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+        """Create workspace ``spec.id`` from a snapshot: a container of the snapshot's image on a copy of its
+        volume, started from its checkpoint when it has one (processes and memory carry on), with its own
+        hostname."""
+        _check_snapshot_id(snapshot_id)
+        image = await self._call(self.engine.inspect_image(snapshot_image(snapshot_id)))
+        copy = await self._call(self.engine.inspect_volume(snapshot_volume(snapshot_id)))
+        if image is None or copy is None:
+            raise SnapshotNotFoundError(
+                f"snapshot {snapshot_id} has nothing left on this host", details={"id": snapshot_id}
+            )
+        await self.check_runtime()
+        spec = dataclasses.replace(spec, image=snapshot_image(snapshot_id))
+        labels = self._labels(spec.id)
+        checkpoint = self.snapshot_dir / snapshot_id / "checkpoint"
+        name = f"corral-snap-{snapshot_id}"
+        try:
+            await self._call(self.engine.create_volume(volume_name(spec.id), {**labels, LABEL_SPEC: _spec_json(spec)}))
+            target = await self._call(self.engine.inspect_volume(volume_name(spec.id)))
+            await copy_tree(Path(copy["Mountpoint"]), Path(target["Mountpoint"]))
+            config = self._container_config(spec, await self.agent_runtime.ensure())
+            try:
+                self._containers[spec.id] = await self.engine.create_container(container_name(spec.id), config)
+                if self.memory_checkpoints and checkpoint.is_dir():
+                    path = await self._checkpoint_path(self._containers[spec.id], name)
+                    await asyncio.to_thread(link_tree, checkpoint, path)
+                    await self._start(spec.id, checkpoint=name)
+                    await self.engine.remove_checkpoint(container_name(spec.id), name)
+                    # The kernel's hostname is part of the memory image: give the fork its own.
+                    await self.engine.exec_privileged(
+                        container_name(spec.id), [*AGENT_COMMAND[:-1], "-c", _SET_HOSTNAME, hostname(spec.id)]
+                    )
+                else:
+                    await self._start(spec.id)
+                self._warm_up(spec.id)
+            except DockerAPIError as exc:
+                raise self._translate(exc, spec.id) from exc
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._remove_all(spec.id))
+            if isinstance(exc, OSError):  # the snapshot's files went away meanwhile, or the disk is full
+                raise ProviderUnavailableError(self.name, f"restore from snapshot {snapshot_id} failed: {exc}") from exc
+            raise
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove the snapshot's image tag, volume copy and checkpoint. Idempotent. Workspaces restored from it keep
+        running: the image's layers go with the last of them (see ``_collect_snapshot_image``)."""
+        _check_snapshot_id(snapshot_id)
+        await self._call(self.engine.remove_image(snapshot_image(snapshot_id), force=True))
+        await self._call(self.engine.remove_volume(snapshot_volume(snapshot_id)))
+        await asyncio.to_thread(shutil.rmtree, self.snapshot_dir / snapshot_id, True)
+
+    async def list_snapshots(self) -> list[str]:
+        """Ids of the snapshots with an image or a volume of this provider (and owner)."""
+        labels = [LABEL_SNAPSHOT, *(f"{k}={v}" for k, v in self._owner_labels().items())]
+        images = await self._call(self.engine.list_images(labels))
+        volumes = await self._call(self.engine.list_volumes(labels))
+        ids = {
+            tag.split(":", 1)[1]
+            for image in images
+            for tag in image.get("RepoTags") or ()
+            if tag.startswith(f"{SNAPSHOT_REPO}:")
+        }
+        ids |= {v["Labels"][LABEL_SNAPSHOT] for v in volumes if LABEL_SNAPSHOT in (v.get("Labels") or {})}
+        return sorted(ids)
+
+    async def _checkpoint_path(self, container_id: str, name: str) -> Path:
+        """Where dockerd keeps a container's checkpoint (Docker 20.10 takes no custom directory on start)."""
+        if self._docker_root is None:
+            info = await self._call(self.engine.info())
+            self._docker_root = Path(info.get("DockerRootDir") or "/var/lib/docker")
+        return self._docker_root / "containers" / container_id / "checkpoints" / name
+
+    def _owner_labels(self) -> dict[str, str]:
+        labels = {LABEL_PROVIDER: self.name}
+        if self.owner is not None:
+            labels[LABEL_OWNER] = self.owner
+        return labels
 
     async def list_workspaces(self) -> list[str]:
         """Ids of every workspace with a volume or a container of this provider (and this owner, if set)."""
@@ -292,12 +627,20 @@ class DockerProvider(AgentBackedProvider):
                 stream = await self.engine.exec_attached(
                     container_name(workspace_id),
                     AGENT_COMMAND,
-                    env=agent_environment(info["Config"].get("Env") or []),
+                    env=[
+                        *agent_environment(info["Config"].get("Env") or []),
+                        *(
+                            [f"CORRAL_SPAWNER_SOCKET={SPAWNER_SOCKET}"]
+                            if "--spawner" in (info["Config"].get("Cmd") or [])
+                            else []
+                        ),
+                    ],
                     working_dir=RUNTIME_MOUNT,  # nothing of the agent's is read from a directory the workspace owns
                     on_stderr=_AgentLog(workspace_id),
                 )
             except DockerAPIError as exc:
                 raise self._translate(exc, workspace_id) from exc
+            self._agent_execs[workspace_id] = stream.exec_id
             conn = GuestConnection(
                 stream.reader,
                 stream.writer,
@@ -339,6 +682,8 @@ class DockerProvider(AgentBackedProvider):
                     workspace_id = attributes.get(LABEL_ID)
                     if not workspace_id or not self._current(workspace_id, event.get("Actor", {}).get("ID")):
                         continue  # an older container of the workspace (replaced by a resume) is no news
+                    if int(event.get("timeNano") or 0) < self._started_ns.get(workspace_id, 0):
+                        continue  # the end of an earlier run of this container (a stop before the resume)
                     self._dead.add(workspace_id)
                     if event.get("Action") == "die" and workspace_id not in self._expected_exits:
                         code = attributes.get("exitCode", "?")
@@ -381,9 +726,9 @@ class DockerProvider(AgentBackedProvider):
         state = await self.state(workspace_id)
         if state is WorkspaceState.MISSING:
             raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-        if state is WorkspaceState.STOPPED:
+        if state in (WorkspaceState.STOPPED, WorkspaceState.PAUSED):
             raise WorkspaceStateError(
-                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+                f"workspace {workspace_id} is {state}; resume it first", details={"id": workspace_id}
             )
 
     # --- health ----------------------------------------------------------------------------------------------------
@@ -415,8 +760,9 @@ class DockerProvider(AgentBackedProvider):
                 resources_now["disk_free_bytes"] = shutil.disk_usage(root).free
         return Capabilities(
             isolation=self.isolation,
-            persistence=True,
-            snapshots=False,
+            persistence="full",
+            snapshots="memory" if self.memory_checkpoints else "filesystem",
+            pause="memory" if self.memory_checkpoints else "filesystem",
             warm_pool=True,
             streaming=True,
             # The local volume driver has no size option on ext4/overlay2, so the disk limit is watched, not enforced.
@@ -481,6 +827,24 @@ def _image_error(exc: DockerAPIError, image: str | None) -> InvalidRequestError 
             details={"field": "base_image", "image": image},
         )
     return None
+
+
+_SET_HOSTNAME = "import socket, sys; socket.sethostname(sys.argv[1])"
+_SNAPSHOT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+
+
+def _check_snapshot_id(snapshot_id: str) -> None:
+    """Snapshot ids name host paths, images and volumes: letters, digits, '-' and '_' only."""
+    if not _SNAPSHOT_ID.fullmatch(snapshot_id):
+        raise InvalidRequestError(
+            f"snapshot id {snapshot_id!r} is not allowed: use 1-64 letters, digits, '-' or '_'",
+            details={"id": snapshot_id},
+        )
+
+
+def hostname(workspace_id: str) -> str:
+    """A workspace's hostname: its own, so forks and their source can tell each other apart."""
+    return f"ws-{workspace_id[:16]}"
 
 
 class _AgentLog:

@@ -654,8 +654,8 @@ class E2BProvider:
         """A remote sandbox with pause/resume; resources are E2B's, not this host's."""
         return Capabilities(
             isolation="remote",
-            persistence=True,
-            snapshots=False,
+            persistence="full",
+            snapshots="none",
             warm_pool=False,
             streaming=True,
             disk_limit="enforced",

@@ -25,6 +25,7 @@ def docker(settings: Settings) -> DockerProvider:
             owner=settings.owner_id(),
             agent_image=settings.base_image,
             agent_runtime_dir=settings.agent_runtime_dir,
+            snapshot_dir=settings.snapshot_dir,
         ),
         settings,
     )
@@ -42,6 +43,7 @@ def gvisor(settings: Settings) -> GVisorProvider:
             owner=settings.owner_id(),
             agent_image=settings.base_image,
             agent_runtime_dir=settings.agent_runtime_dir,
+            snapshot_dir=settings.snapshot_dir,
         ),
         settings,
     )

@@ -7,7 +7,10 @@ Two dockerd runtimes are used, both registered by ``make bootstrap`` (the README
   namespace that Docker created, so the sandbox gets its own eth0, not the host's interfaces. (runsc cannot join
   Docker's bridge from the root network namespace on kernels like the CI machines'.)
 
-gVisor's ptrace/systrap platform is used; the KVM platform hangs on PVM hosts.
+Both run gVisor 20240729 (``make bootstrap`` installs it from bookworm-backports) with ``--platform=ptrace`` (its
+default, systrap, spawns processes 2.6x slower on these hosts; KVM hangs on PVM hosts) and ``--overlay2=none`` (root
+filesystem writes go to the container's own layer, so a stop keeps them and ``docker commit`` sees them). gVisor
+checkpoints processes and memory, so pause keeps memory and snapshots and forks carry running processes.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from pathlib import Path
 from corral.errors import ProviderUnavailableError
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 from corral.providers.base import NetworkMode, WorkspaceSpec
-from corral.providers.docker import DEFAULT_AGENT_IMAGE, DEFAULT_AGENT_RUNTIME_DIR, DockerProvider
+from corral.providers.docker import (
+    DEFAULT_AGENT_IMAGE,
+    DEFAULT_AGENT_RUNTIME_DIR,
+    DEFAULT_SNAPSHOT_DIR,
+    DockerProvider,
+)
 
 __all__ = ["GVisorProvider"]
 
@@ -31,6 +39,7 @@ class GVisorProvider(DockerProvider):
     name = "gvisor"
     isolation = "gvisor"
     default_startup_ms = 350.0
+    memory_checkpoints = True
 
     def __init__(
         self,
@@ -43,6 +52,7 @@ class GVisorProvider(DockerProvider):
         owner: str | None = None,
         agent_image: str = DEFAULT_AGENT_IMAGE,
         agent_runtime_dir: Path = DEFAULT_AGENT_RUNTIME_DIR,
+        snapshot_dir: Path = DEFAULT_SNAPSHOT_DIR,
     ) -> None:
         super().__init__(
             engine,
@@ -51,6 +61,7 @@ class GVisorProvider(DockerProvider):
             owner=owner,
             agent_image=agent_image,
             agent_runtime_dir=agent_runtime_dir,
+            snapshot_dir=snapshot_dir,
         )
         self.runtime = runtime
         self.net_runtime = net_runtime

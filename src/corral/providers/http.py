@@ -49,6 +49,7 @@ from corral.providers.base import (
     ExecStream,
     FileInfo,
     Health,
+    Persistence,
     WorkspaceSpec,
     WorkspaceState,
     check_beneath,
@@ -403,8 +404,8 @@ class HttpProvider:
         except ProviderUnavailableError:
             return Capabilities(
                 isolation="remote",
-                persistence=False,
-                snapshots=False,
+                persistence="none",
+                snapshots="none",
                 warm_pool=False,
                 streaming=True,
                 disk_limit="none",
@@ -413,8 +414,8 @@ class HttpProvider:
             )
         return Capabilities(
             isolation=payload["isolation"],
-            persistence=bool(payload["persistence"]),
-            snapshots=bool(payload["snapshots"]),
+            persistence=_persistence(payload["persistence"]),
+            snapshots="none",  # the HTTP provider protocol has no snapshot routes
             warm_pool=bool(payload["warm_pool"]),
             streaming=bool(payload["streaming"]),
             disk_limit=payload["disk_limit"],
@@ -446,3 +447,10 @@ def from_settings(settings: Settings) -> HttpProvider:
     return HttpProvider(
         getattr(settings, "http_provider_url", None), token=getattr(settings, "http_provider_token", None)
     )
+
+
+def _persistence(value: object) -> Persistence:
+    """The backend's ``persistence``: protocol v1 sends a bool (True: /workspace survives a stop)."""
+    if value == "full":
+        return "full"
+    return "workspace" if value in (True, "workspace") else "none"

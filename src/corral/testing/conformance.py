@@ -28,8 +28,18 @@ understand: ``echo``, ``printf``, ``exit``, ``true``, ``false``, ``sleep``, ``ca
 also let ``cat /proc/[0-9]*/cmdline`` list the sandbox's processes: that is how the suite checks that a timed-out
 command was killed (minimal images have no ``ps``).
 
+Stateful behaviour is gated on capabilities: ``persistence: "full"`` (files outside /workspace survive stop),
+``pause`` ("memory": a process keeps running across pause; "filesystem": pause is a stop) and ``snapshots`` (restore
+into new workspaces, forks). Where they say "memory", the provider must also run a background counter with
+``dash``'s ``setsid``, ``&``, ``while`` and ``$((...))`` (:data:`COUNTER`): memory was kept when the same pid counts
+on after a resume or restore. The tests that need a :class:`~corral.providers.base.Snapshotter` fail when the
+capabilities promise one and the provider is not. Snapshot ids start with :data:`SNAPSHOT_PREFIX`, and every
+snapshot a test makes is deleted when it ends (:class:`SnapshotTracker`).
+
 A test is skipped only when the provider's :class:`~corral.providers.base.Capabilities` say it lacks the feature,
-and the skip names the flag, so ``pytest -ra`` shows every gap.
+or when the subclass lists the capability in :attr:`ProviderConformance.unexercised` (a test double that cannot
+model it, with the reason). The skip names the flag and says :data:`DECLARED_GAP`, so ``pytest -ra`` shows every
+gap (and ``CI=true`` lets such skips through; any other skip of an integration test fails there).
 """
 
 from __future__ import annotations
@@ -39,9 +49,10 @@ import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import pytest
 
@@ -49,6 +60,7 @@ from corral.errors import (
     ExecTimeoutError,
     FileOperationError,
     InvalidRequestError,
+    SnapshotNotFoundError,
     WorkspaceDestroyedError,
     WorkspaceFileNotFoundError,
     WorkspaceNotFoundError,
@@ -61,12 +73,21 @@ from corral.providers.base import (
     ExecMode,
     ExecOutput,
     ExecRequest,
+    Snapshotter,
     WorkspaceProvider,
     WorkspaceSpec,
     WorkspaceState,
 )
 
-__all__ = ["ProviderConformance", "SpecFactory", "WorkspaceTracker"]
+__all__ = [
+    "COUNTER",
+    "DECLARED_GAP",
+    "SNAPSHOT_PREFIX",
+    "ProviderConformance",
+    "SnapshotTracker",
+    "SpecFactory",
+    "WorkspaceTracker",
+]
 
 SpecFactory = Callable[[], WorkspaceSpec]
 """Returns a new :class:`WorkspaceSpec` with a unique id on every call."""
@@ -76,6 +97,24 @@ _GONE = (WorkspaceNotFoundError, WorkspaceDestroyedError)
 
 _MIB = 1024 * 1024
 _SANDBOX_TMP = "/tmp"  # noqa: S108 - a directory inside the sandbox, not on the host
+
+DECLARED_GAP = "a declared gap"
+"""Said by every skip of a test for a capability the provider's ``capabilities()`` declare missing, or that the
+subclass declares it cannot exercise (tests/conftest.py lets these through under ``CI=true``)."""
+
+SNAPSHOT_PREFIX = "conf-"
+"""Every snapshot id the suite makes starts with this (ids are lowercase letters, digits and '-', valid for every
+provider), so leftovers of an interrupted run can be found."""
+
+COUNTER = (
+    "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; "
+    "sleep 0.05; done' >/dev/null 2>&1 </dev/null & while [ ! -s /tmp/counter.pid ]; do sleep 0.01; done"
+)
+"""Starts a background process that writes its pid to /tmp/counter.pid and an increasing count to /tmp/counter.
+
+``setsid`` takes it out of the exec's process group (which providers kill when the exec ends), and the exec returns
+once the pid is written. Memory was kept when, after a pause or a restore, the same pid still counts on."""
+_READ_COUNTER = 'pid=$(cat /tmp/counter.pid) && kill -0 "$pid" && echo "$pid $(cat /tmp/counter)"'
 
 
 class WorkspaceTracker:
@@ -107,6 +146,13 @@ class WorkspaceTracker:
         if failures:
             raise failures[0]
 
+    async def restore(self, provider: Snapshotter, snapshot_id: str, spec: WorkspaceSpec | None = None) -> str:
+        """Restore a new workspace from ``spec`` (default: a new one from the factory) and return its id."""
+        spec = spec or self.spec_factory()
+        self.ids.append(spec.id)  # before restore: a restore that fails half-way must be cleaned up too
+        await provider.restore(spec, snapshot_id)
+        return spec.id
+
     async def __aenter__(self) -> WorkspaceTracker:
         return self
 
@@ -114,6 +160,35 @@ class WorkspaceTracker:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.destroy_all()
+
+
+class SnapshotTracker:
+    """Hands out snapshot ids for one test and deletes every snapshot under them at the end.
+
+    The ids share a prefix of their own (under :data:`SNAPSHOT_PREFIX`); at the end none of them may be left in
+    ``list_snapshots()``.
+    """
+
+    def __init__(self, provider: WorkspaceProvider) -> None:
+        self.provider = provider
+        self.prefix = f"{SNAPSHOT_PREFIX}{uuid.uuid4().hex[:8]}-"
+        self.ids: list[str] = []
+
+    def new_id(self) -> str:
+        """A fresh snapshot id, remembered for deletion."""
+        snapshot_id = f"{self.prefix}{len(self.ids)}"
+        self.ids.append(snapshot_id)
+        return snapshot_id
+
+    async def delete_all(self) -> None:
+        """Delete every snapshot handed out (deleting is idempotent), then check that none of them is listed."""
+        provider, ids, self.ids = self.provider, self.ids, []
+        if not ids or not isinstance(provider, Snapshotter):
+            return
+        for snapshot_id in {*ids, *(i for i in await provider.list_snapshots() if i.startswith(self.prefix))}:
+            await provider.delete_snapshot(snapshot_id)
+        left = [i for i in await provider.list_snapshots() if i.startswith(self.prefix)]
+        assert left == [], f"snapshots left after delete_snapshot: {left}"
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
@@ -154,10 +229,66 @@ async def _poll(condition: Callable[[], Awaitable[bool]], *, timeout_s: float, m
         await asyncio.sleep(0.1)
 
 
-def _require(capabilities: Capabilities, flag: str, provider: WorkspaceProvider) -> None:
-    """Skip the test, naming the flag, when the provider declares it lacks a feature."""
-    if not getattr(capabilities, flag):
-        pytest.skip(f"{provider.name}: capabilities().{flag} is False")
+def _require(capabilities: Capabilities, flag: str, provider: WorkspaceProvider, *allowed: str) -> None:
+    """Skip the test, naming the flag, when the provider declares it lacks a feature (or, with ``allowed``, when
+    the flag's value is not one of them)."""
+    value = getattr(capabilities, flag)
+    if value in (False, "none"):
+        pytest.skip(f"{provider.name}: capabilities().{flag} is {value!r} ({DECLARED_GAP})")
+    if allowed and value not in allowed:
+        wanted = " or ".join(repr(a) for a in allowed)
+        pytest.skip(f"{provider.name}: capabilities().{flag} is {value!r}, not {wanted} ({DECLARED_GAP})")
+
+
+def _snapshotter(provider: WorkspaceProvider, capabilities: Capabilities) -> Snapshotter:
+    """The provider as a Snapshotter; a test failure when its capabilities promise pause or snapshots without it."""
+    assert isinstance(provider, Snapshotter), (
+        f"{provider.name}: capabilities() say pause {capabilities.pause!r} and snapshots {capabilities.snapshots!r}, "
+        "but the provider does not implement the Snapshotter protocol"
+    )
+    return provider
+
+
+async def _sh(provider: WorkspaceProvider, workspace_id: str, command: str) -> bytes:
+    """The stdout of a command that must succeed."""
+    result = await provider.exec(workspace_id, ExecRequest(command, timeout_s=60))
+    assert result.exit_code == 0, f"{command!r} exited {result.exit_code}: {result.stderr!r}"
+    return result.stdout
+
+
+async def _counter(provider: WorkspaceProvider, workspace_id: str) -> tuple[int, int]:
+    """(pid, count) of the workspace's live :data:`COUNTER` process; fails the test when the process is gone."""
+    deadline = time.monotonic() + 10
+    while True:
+        result = await provider.exec(workspace_id, ExecRequest(_READ_COUNTER, timeout_s=60))
+        assert result.exit_code == 0, f"the counter process is gone: {result.stdout!r} {result.stderr!r}"
+        words = result.stdout.split()
+        if len(words) == 2:
+            return int(words[0]), int(words[1])
+        # Read between the counter's truncate and its write: read again at once.
+        if time.monotonic() > deadline:
+            pytest.fail(f"the counter never showed a count: {result.stdout!r}")
+
+
+async def _counting_on(provider: WorkspaceProvider, workspace_id: str, pid: int, past: int) -> int:
+    """Poll until the counter process ``pid`` has counted past ``past``; returns its count. Fails when another
+    process writes the counter (memory was not kept) or the count stalls for 20 s."""
+    deadline = time.monotonic() + 20
+    while True:
+        now_pid, count = await _counter(provider, workspace_id)
+        assert now_pid == pid, f"the counter is process {now_pid}, not {pid}: its memory was not kept"
+        if count > past:
+            return count
+        if time.monotonic() > deadline:
+            pytest.fail(f"the counter (pid {pid}) stayed at {count}, never past {past}")
+        await asyncio.sleep(0.05)
+
+
+async def _start_counter(provider: WorkspaceProvider, workspace_id: str) -> tuple[int, int]:
+    """Start :data:`COUNTER`, wait until it counts, and return its (pid, count)."""
+    await _sh(provider, workspace_id, COUNTER)
+    pid, count = await _counter(provider, workspace_id)
+    return pid, await _counting_on(provider, workspace_id, pid, count)
 
 
 def _outputs(events: Sequence[object], stream: str) -> bytes:
@@ -173,6 +304,19 @@ class ProviderConformance:
 
     Subclasses (named ``Test...``) define the ``provider`` and ``spec_factory`` fixtures; see the module docstring.
     """
+
+    unexercised: ClassVar[Mapping[str, str]] = {}
+    """Capabilities the provider has but this run cannot exercise, as ``"flag=value"`` to the reason, e.g.
+    ``{"pause=memory": "the double boots the guest from its disk on resume"}``: their tests skip (or, for
+    ``snapshots=memory``, check files only) and say why."""
+
+    def _skip_unexercised(self, provider: WorkspaceProvider, flag: str, value: str) -> None:
+        """Skip the test, saying why, when the subclass lists ``flag=value`` in :attr:`unexercised`."""
+        reason = self.unexercised.get(f"{flag}={value}")
+        if reason is not None:
+            pytest.skip(
+                f"{provider.name}: capabilities().{flag} is {value!r}, not exercised: {reason} ({DECLARED_GAP})"
+            )
 
     @pytest.fixture
     def provider(self) -> WorkspaceProvider:
@@ -196,6 +340,18 @@ class ProviderConformance:
     async def workspace(self, workspaces: WorkspaceTracker) -> str:
         """The id of one running workspace, destroyed after the test."""
         return await workspaces.create()
+
+    @pytest.fixture
+    async def snapshots(
+        self, provider: WorkspaceProvider, workspaces: WorkspaceTracker
+    ) -> AsyncIterator[SnapshotTracker]:
+        """Snapshot ids for the test; at the end its workspaces are destroyed, then its snapshots deleted."""
+        tracker = SnapshotTracker(provider)
+        yield tracker
+        try:
+            await workspaces.destroy_all()  # restored workspaces first: they may still use the snapshot's files
+        finally:
+            await tracker.delete_all()
 
     @pytest.fixture
     async def capabilities(self, provider: WorkspaceProvider) -> Capabilities:
@@ -322,6 +478,165 @@ class ProviderConformance:
         assert await provider.state(workspace) is WorkspaceState.RUNNING
         assert await _read_all(provider, workspace, "/workspace/still-here.txt") == b"yes"
         assert (await provider.exec(workspace, ExecRequest("true"))).exit_code == 0
+
+    # -- stateful: full disk, pause, snapshots, forks -----------------------------------------------------------
+
+    async def test_stop_and_resume_keep_the_whole_disk(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """With persistence "full", files outside /workspace (in /root and /etc, written by the file API and by a
+        command) have the same bytes after stop and resume."""
+        _require(capabilities, "persistence", provider, "full")
+        content = os.urandom(4096)
+        await provider.write_file(workspace, "/root/kept.bin", content)
+        await provider.write_file(workspace, "/etc/corral-conformance.conf", b"kept = true\n")
+        await _sh(provider, workspace, "echo by-exec > /root/by-exec.txt")
+        await provider.stop(workspace)
+        assert await provider.state(workspace) is WorkspaceState.STOPPED
+        await provider.resume(workspace)
+        assert await _read_all(provider, workspace, "/root/kept.bin") == content
+        assert await _read_all(provider, workspace, "/etc/corral-conformance.conf") == b"kept = true\n"
+        assert await _sh(provider, workspace, "cat /root/by-exec.txt /etc/corral-conformance.conf") == (
+            b"by-exec\nkept = true\n"
+        )
+
+    async def test_filesystem_pause_is_a_stop_that_keeps_the_disk(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """Where pause keeps no memory, it answers "filesystem", the workspace is stopped (exec refused), and its
+        files are there after resume (outside /workspace too when persistence is "full")."""
+        _require(capabilities, "pause", provider, "filesystem")
+        snapshotter = _snapshotter(provider, capabilities)
+        paths = ["/workspace/paused/kept.txt"] + (
+            ["/root/paused-kept.txt"] if capabilities.persistence == "full" else []
+        )
+        for path in paths:
+            await provider.write_file(workspace, path, path.encode())
+        assert await snapshotter.pause(workspace) == "filesystem"
+        assert await provider.state(workspace) is WorkspaceState.STOPPED
+        with pytest.raises(WorkspaceStateError):
+            await provider.exec(workspace, ExecRequest("true"))
+        await provider.resume(workspace)
+        assert await provider.state(workspace) is WorkspaceState.RUNNING
+        for path in paths:
+            assert await _read_all(provider, workspace, path) == path.encode()
+
+    async def test_pause_keeps_processes_and_memory(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """With pause "memory", a process started before pause is, after resume, the same process counting on from
+        where it was; while paused the workspace is PAUSED, refuses exec and answers "memory" to another pause."""
+        _require(capabilities, "pause", provider, "memory")
+        self._skip_unexercised(provider, "pause", "memory")
+        snapshotter = _snapshotter(provider, capabilities)
+        pid, before = await _start_counter(provider, workspace)
+        await provider.write_file(workspace, "/workspace/paused.txt", b"kept")
+        assert await snapshotter.pause(workspace) == "memory"
+        assert await provider.state(workspace) is WorkspaceState.PAUSED
+        assert workspace in await provider.list_workspaces()
+        with pytest.raises(WorkspaceStateError):
+            await provider.exec(workspace, ExecRequest("true"))
+        assert await snapshotter.pause(workspace) == "memory"
+        await provider.resume(workspace)
+        assert await provider.state(workspace) is WorkspaceState.RUNNING
+        now_pid, after = await _counter(provider, workspace)
+        assert now_pid == pid, f"the counter is process {now_pid}, not {pid}: its memory was not kept"
+        assert after >= before, f"the count went back from {before} to {after}"
+        await _counting_on(provider, workspace, pid, after)
+        assert await _read_all(provider, workspace, "/workspace/paused.txt") == b"kept"
+
+    async def test_pause_of_a_stopped_workspace_is_refused(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """With pause "memory", pausing a stopped workspace raises WorkspaceStateError (there is no memory left)."""
+        _require(capabilities, "pause", provider, "memory")
+        snapshotter = _snapshotter(provider, capabilities)
+        await provider.stop(workspace)
+        with pytest.raises(WorkspaceStateError):
+            await snapshotter.pause(workspace)
+        assert await provider.state(workspace) is WorkspaceState.STOPPED
+
+    async def test_ten_pause_cycles_keep_the_process(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """Ten pause/resume cycles in a row: after every one the same counter process counts on past its count."""
+        _require(capabilities, "pause", provider, "memory")
+        self._skip_unexercised(provider, "pause", "memory")
+        snapshotter = _snapshotter(provider, capabilities)
+        pid, count = await _start_counter(provider, workspace)
+        for cycle in range(10):
+            assert await snapshotter.pause(workspace) == "memory", f"cycle {cycle}"
+            assert await provider.state(workspace) is WorkspaceState.PAUSED, f"cycle {cycle}"
+            await provider.resume(workspace)
+            count = await _counting_on(provider, workspace, pid, count)
+
+    async def test_snapshot_restores_into_a_new_workspace(
+        self,
+        provider: WorkspaceProvider,
+        workspace: str,
+        workspaces: WorkspaceTracker,
+        snapshots: SnapshotTracker,
+        capabilities: Capabilities,
+    ) -> None:
+        """A snapshot restored into a new workspace has the source's files as they were (and with snapshots
+        "memory" its counting process); the source runs on, and once deleted the snapshot cannot be restored."""
+        _require(capabilities, "snapshots", provider)
+        snapshotter = _snapshotter(provider, capabilities)
+        await provider.write_file(workspace, "/workspace/snap/file.txt", b"before")
+        await provider.write_file(workspace, "/root/snap.txt", b"root")
+        memory = capabilities.snapshots == "memory" and "snapshots=memory" not in self.unexercised
+        pid, count = await _start_counter(provider, workspace) if memory else (0, 0)
+        snapshot_id = snapshots.new_id()
+        info = await snapshotter.snapshot(workspace, snapshot_id)
+        assert (info.kind, info.size_bytes > 0) == (capabilities.snapshots, True)
+        assert snapshot_id in await snapshotter.list_snapshots()
+        assert await provider.state(workspace) is WorkspaceState.RUNNING
+        await provider.write_file(workspace, "/workspace/snap/file.txt", b"after")
+        restored = await workspaces.restore(snapshotter, snapshot_id)
+        assert await provider.state(restored) is WorkspaceState.RUNNING
+        assert restored in await provider.list_workspaces()
+        assert await _read_all(provider, restored, "/workspace/snap/file.txt") == b"before"
+        assert await _sh(provider, restored, "cat /workspace/snap/file.txt /root/snap.txt") == b"beforeroot"
+        assert await _read_all(provider, workspace, "/workspace/snap/file.txt") == b"after"
+        if memory:
+            await _counting_on(provider, restored, pid, count)
+            await _counting_on(provider, workspace, pid, count)
+        await snapshotter.delete_snapshot(snapshot_id)
+        await snapshotter.delete_snapshot(snapshot_id)
+        assert snapshot_id not in await snapshotter.list_snapshots()
+        assert await _read_all(provider, restored, "/root/snap.txt") == b"root"
+        with pytest.raises(SnapshotNotFoundError, match=snapshot_id):
+            await workspaces.restore(snapshotter, snapshot_id)
+
+    async def test_forks_are_independent(
+        self,
+        provider: WorkspaceProvider,
+        workspace: str,
+        workspaces: WorkspaceTracker,
+        snapshots: SnapshotTracker,
+        capabilities: Capabilities,
+    ) -> None:
+        """Three workspaces restored from one snapshot each see the source's file, and what one writes is seen by
+        neither the others nor the source (nor what the source writes by them)."""
+        _require(capabilities, "snapshots", provider)
+        snapshotter = _snapshotter(provider, capabilities)
+        await provider.write_file(workspace, "/workspace/fork/shared.txt", b"source")
+        snapshot_id = snapshots.new_id()
+        await snapshotter.snapshot(workspace, snapshot_id)
+        forks = await asyncio.gather(*(workspaces.restore(snapshotter, snapshot_id) for _ in range(3)))
+        assert len({workspace, *forks}) == 4
+        for fork in forks:
+            assert await _read_all(provider, fork, "/workspace/fork/shared.txt") == b"source"
+        for i, fork in enumerate(forks):
+            await provider.write_file(fork, "/workspace/fork/shared.txt", f"fork {i}".encode())
+            await _sh(provider, fork, f"echo {i} > /workspace/fork/only-{i}.txt")
+        await provider.write_file(workspace, "/workspace/fork/shared.txt", b"source again")
+        for i, fork in enumerate(forks):
+            assert await _sh(provider, fork, "cat /workspace/fork/shared.txt") == f"fork {i}".encode()
+            listed = [e.name for e in await provider.list_dir(fork, "/workspace/fork")]
+            assert listed == [f"only-{i}.txt", "shared.txt"], f"fork {i} sees {listed}"
+        assert [e.name for e in await provider.list_dir(workspace, "/workspace/fork")] == ["shared.txt"]
+        assert await _read_all(provider, workspace, "/workspace/fork/shared.txt") == b"source again"
 
     # -- exec -----------------------------------------------------------------------------------------------------
 

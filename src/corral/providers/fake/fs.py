@@ -239,6 +239,18 @@ class FileSystem:
     def _exists(self, path: str) -> bool:
         return path in self.files or path in self.dirs or path in self.links
 
+    def copy(self) -> FileSystem:
+        """An independent copy: no later change to one is seen by the other (contents are immutable bytes)."""
+        twin = FileSystem.__new__(FileSystem)
+        twin.files = {path: _File(f.data, f.mode, f.mtime) for path, f in self.files.items()}
+        twin.dirs = {path: _Dir(d.mode, d.mtime) for path, d in self.dirs.items()}
+        twin.links = dict(self.links)
+        return twin
+
+    def size(self) -> int:
+        """Bytes held: file contents plus symlink targets, what a copy of this file system costs."""
+        return sum(len(f.data) for f in self.files.values()) + sum(len(t.encode()) for t in self.links.values())
+
 
 def _glob_match(pattern: Sequence[str], parts: Sequence[str]) -> bool:
     """Match path segments against pattern segments; ``**`` stands for any number of segments, including none."""

@@ -1,9 +1,16 @@
 """:class:`FakeProvider`: every workspace is an in-memory file system (:mod:`corral.providers.fake.fs`), and ``exec``
 runs the fake shell (:mod:`corral.providers.fake.shell`) on it.
 
-Failure injection for tests: set :attr:`FakeProvider.fail_create`, :attr:`FakeProvider.healthy` /
-:attr:`FakeProvider.health_error` and :attr:`FakeProvider.create_delay_s`; :attr:`FakeProvider.calls` records every
-call as ``(method, workspace_id)``.
+Failure injection for tests: set :attr:`FakeProvider.fail_create`, :attr:`FakeProvider.fail_snapshot`,
+:attr:`FakeProvider.fail_restore`, :attr:`FakeProvider.healthy` / :attr:`FakeProvider.health_error` and
+:attr:`FakeProvider.create_delay_s`; :attr:`FakeProvider.calls` records every call as ``(method, workspace_id)``
+(``delete_snapshot`` records the snapshot id).
+
+Stop keeps the whole in-memory file system (``persistence: "full"``). The fake runs no background processes (its
+shell has no ``&``), so there is no memory to keep: pause is a stop that says "filesystem", and a snapshot is a
+copy of the file system ("filesystem"). ``FakeProvider(retention="memory")`` makes pause and snapshots *say*
+"memory" (state ``PAUSED`` after a pause) for tests of the layers above; it keeps nothing more, so the conformance
+suite runs the fake with the default.
 """
 
 from __future__ import annotations
@@ -13,8 +20,16 @@ import posixpath
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
-from corral.errors import ExecTimeoutError, ProviderUnavailableError, WorkspaceNotFoundError, WorkspaceStateError
+from corral.errors import (
+    ExecTimeoutError,
+    InvalidRequestError,
+    ProviderUnavailableError,
+    SnapshotNotFoundError,
+    WorkspaceNotFoundError,
+    WorkspaceStateError,
+)
 from corral.providers.base import (
     WORKSPACE_ROOT,
     ByteStream,
@@ -27,6 +42,7 @@ from corral.providers.base import (
     ExecStream,
     FileInfo,
     Health,
+    SnapshotInfo,
     WorkspaceSpec,
     WorkspaceState,
     check_path,
@@ -51,8 +67,18 @@ class _Workspace:
     spec: WorkspaceSpec
     fs: FileSystem = field(default_factory=FileSystem)
     running: bool = True
+    paused: bool = False
+    """Stopped by a pause that said "memory" (``retention="memory"``): state is ``PAUSED`` until resumed."""
     halt: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when the workspace stops or is destroyed: running commands are killed."""
+    """Set when the workspace stops, pauses or is destroyed: running commands are killed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    image: str
+    fs: FileSystem
+    """A copy nobody writes to: every restore copies it again."""
+    kind: Literal["memory", "filesystem"]
 
 
 def _is_shell_c(argv: Sequence[str]) -> bool:
@@ -74,15 +100,31 @@ class FakeProvider:
         health_error: the error ``health()`` reports while ``healthy`` is false.
         create_delay_s: how long ``create`` takes (a real ``asyncio.sleep``, so it can be cancelled).
         exec_timeout_s: the deadline ``exec`` applies when the request has none (``None``: no deadline).
-        calls: every call as ``(method, workspace_id)``; ``workspace_id`` is ``""`` for provider-wide calls.
+        fail_snapshot: when set, ``snapshot`` raises ``ProviderUnavailableError(name, fail_snapshot)`` before
+            storing anything.
+        fail_restore: when set, ``restore`` raises ``ProviderUnavailableError(name, fail_restore)`` before creating
+            anything.
+        calls: every call as ``(method, workspace_id)``; ``workspace_id`` is ``""`` for provider-wide calls and
+            the snapshot id for ``delete_snapshot``.
         closed: whether ``aclose`` was called.
     """
 
-    def __init__(self, name: str = "fake", *, isolation: str = "none") -> None:
+    def __init__(
+        self, name: str = "fake", *, isolation: str = "none", retention: Literal["memory", "filesystem"] = "filesystem"
+    ) -> None:
         self.name = name
         self.isolation = isolation
         """What ``capabilities()`` reports: tests that stand a fake in for plain docker say ``container``."""
+        if retention not in ("memory", "filesystem"):
+            raise InvalidRequestError(
+                f"retention: {retention!r} is not allowed; use 'memory' or 'filesystem'", details={"field": "retention"}
+            )
+        self.retention: Literal["memory", "filesystem"] = retention
+        """What pause and snapshots say they keep (``capabilities().pause`` and ``.snapshots``); see the module
+        docstring: "memory" changes the answers, not what is kept."""
         self.fail_create: str | None = None
+        self.fail_snapshot: str | None = None
+        self.fail_restore: str | None = None
         self.healthy = True
         self.health_error = "fake provider marked unhealthy"
         self.create_delay_s = 0.0
@@ -90,6 +132,7 @@ class FakeProvider:
         self.calls: list[tuple[str, str]] = []
         self.closed = False
         self._workspaces: dict[str, _Workspace] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -112,19 +155,99 @@ class FakeProvider:
             workspace.halt.set()
 
     async def stop(self, workspace_id: str) -> None:
-        """Kill running commands and refuse exec and file calls until ``resume``; all files are kept."""
+        """Kill running commands and refuse exec and file calls until ``resume``; all files are kept (a paused
+        workspace becomes a stopped one)."""
         self.calls.append(("stop", workspace_id))
         workspace = self._get(workspace_id)
-        workspace.running = False
+        workspace.running = workspace.paused = False
         workspace.halt.set()
 
     async def resume(self, workspace_id: str) -> None:
-        """Make a stopped workspace usable again; a running one is left alone."""
+        """Make a stopped or paused workspace usable again; a running one is left alone."""
         self.calls.append(("resume", workspace_id))
         workspace = self._get(workspace_id)
         if not workspace.running:
-            workspace.running = True
+            workspace.running, workspace.paused = True, False
             workspace.halt = asyncio.Event()
+
+    # -- pause and snapshots (Snapshotter) ------------------------------------------------------------------------
+
+    async def pause(self, workspace_id: str) -> Literal["memory", "filesystem"]:
+        """Stop the workspace keeping all its files, and answer :attr:`retention`; commands in flight end, as they
+        do on every provider.
+
+        With "filesystem" a pause is a stop, so pausing a stopped workspace answers "filesystem" (as runc's does);
+        with "memory" the workspace is ``PAUSED``, pausing it again answers "memory" and a stopped one is refused.
+        """
+        self.calls.append(("pause", workspace_id))
+        workspace = self._get(workspace_id)
+        if self.retention == "memory" and not workspace.running:
+            if workspace.paused:
+                return "memory"
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; only a running workspace can be paused",
+                details={"id": workspace_id},
+            )
+        workspace.running = False
+        workspace.paused = self.retention == "memory"
+        workspace.halt.set()
+        return self.retention
+
+    async def snapshot(self, workspace_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Copy the running workspace's file system under ``snapshot_id`` (or raise the injected ``fail_snapshot``);
+        the workspace carries on. The size is the bytes of its files.
+
+        Raises:
+            WorkspaceStateError: the workspace is not running, or the snapshot id is taken.
+        """
+        self.calls.append(("snapshot", workspace_id))
+        workspace = self._get(workspace_id)
+        if not workspace.running:
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is not running; resume it before taking a snapshot",
+                details={"id": workspace_id},
+            )
+        if snapshot_id in self._snapshots:
+            raise WorkspaceStateError(f"snapshot {snapshot_id} already exists", details={"id": snapshot_id})
+        if self.fail_snapshot is not None:
+            raise ProviderUnavailableError(self.name, self.fail_snapshot)
+        copy = workspace.fs.copy()
+        self._snapshots[snapshot_id] = _Snapshot(workspace.spec.image, copy, self.retention)
+        return SnapshotInfo(kind=self.retention, size_bytes=copy.size())
+
+    async def snapshot_estimate(self, workspace_id: str) -> int:
+        """Bytes a snapshot of the workspace would hold now: exactly what ``snapshot`` would report."""
+        self.calls.append(("snapshot_estimate", workspace_id))
+        return self._get(workspace_id).fs.size()
+
+    async def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+        """Create workspace ``spec.id``, running, on a copy of the snapshot's file system and with its image.
+
+        Raises:
+            SnapshotNotFoundError: no snapshot has that id (never taken, or deleted).
+            WorkspaceStateError: a workspace with ``spec.id`` exists.
+            ProviderUnavailableError: the injected ``fail_restore``.
+        """
+        self.calls.append(("restore", spec.id))
+        if self.fail_restore is not None:
+            raise ProviderUnavailableError(self.name, self.fail_restore)
+        snapshot = self._snapshots.get(snapshot_id)
+        if snapshot is None:
+            raise SnapshotNotFoundError(
+                f"snapshot {snapshot_id} does not exist on provider {self.name}", details={"id": snapshot_id}
+            )
+        self._check_free(spec.id)
+        self._workspaces[spec.id] = _Workspace(replace(spec, image=snapshot.image), fs=snapshot.fs.copy())
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Forget the snapshot; a missing one is fine. Workspaces restored from it keep their own copies."""
+        self.calls.append(("delete_snapshot", snapshot_id))
+        self._snapshots.pop(snapshot_id, None)
+
+    async def list_snapshots(self) -> list[str]:
+        """Ids of every snapshot held, sorted."""
+        self.calls.append(("list_snapshots", ""))
+        return sorted(self._snapshots)
 
     def known_dead(self, workspace_id: str) -> bool:
         """True when the workspace is gone or stopped (the fake sees its whole runtime; see DeathWatcher)."""
@@ -132,12 +255,14 @@ class FakeProvider:
         return workspace is None or not workspace.running
 
     async def state(self, workspace_id: str) -> WorkspaceState:
-        """Running, stopped or missing."""
+        """Running, paused (only with ``retention="memory"``), stopped or missing."""
         self.calls.append(("state", workspace_id))
         workspace = self._workspaces.get(workspace_id)
         if workspace is None:
             return WorkspaceState.MISSING
-        return WorkspaceState.RUNNING if workspace.running else WorkspaceState.STOPPED
+        if workspace.running:
+            return WorkspaceState.RUNNING
+        return WorkspaceState.PAUSED if workspace.paused else WorkspaceState.STOPPED
 
     async def list_workspaces(self) -> list[str]:
         """Ids of all workspaces, running or stopped, sorted."""
@@ -334,16 +459,17 @@ class FakeProvider:
         return Health(
             healthy=self.healthy,
             error=None if self.healthy else self.health_error,
-            details={"workspaces": len(self._workspaces)},
+            details={"workspaces": len(self._workspaces), "snapshots": len(self._snapshots)},
         )
 
     async def capabilities(self) -> Capabilities:
-        """No isolation, everything else in memory and instantaneous."""
+        """No isolation; stop keeps every file; pause and snapshots keep :attr:`retention`; all instantaneous."""
         self.calls.append(("capabilities", ""))
         return Capabilities(
             isolation=self.isolation,  # type: ignore[arg-type]  # a test's choice
-            persistence=True,
-            snapshots=False,
+            persistence="full",
+            snapshots=self.retention,
+            pause=self.retention,
             warm_pool=True,
             streaming=True,
             disk_limit="none",
