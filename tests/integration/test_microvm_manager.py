@@ -16,20 +16,27 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 
-from corral.errors import ProviderUnavailableError, ResourceLimitError, WorkspaceNotFoundError
+from corral.errors import (
+    InvalidRequestError,
+    ProviderUnavailableError,
+    ResourceLimitError,
+    SnapshotNotFoundError,
+    WorkspaceNotFoundError,
+    WorkspaceStateError,
+)
 from corral.microvm.api_client import FirecrackerClient
 from corral.microvm.manager import CreateVM, FirecrackerManager
 from corral.microvm.rootfs import build_rootfs_sync
-from corral.providers.base import ExecRequest, ResourceLimits, WorkspaceSpec, WorkspaceState
+from corral.providers.base import ExecRequest, ResourceLimits, Snapshotter, WorkspaceSpec, WorkspaceState
 from corral.providers.firecracker import FirecrackerProvider
 from corral.testing import ProviderConformance, SpecFactory
-from corral.testing.microvm import Netns, corral_network_objects, fake_vmm_manager
+from corral.testing.microvm import FAKE_VMM, Netns, corral_network_objects, fake_vmm_manager
 from tests.conftest import BASE_IMAGE
 
 pytestmark = pytest.mark.integration
@@ -110,6 +117,11 @@ def _spec(limits: ResourceLimits = SMALL, **kwargs: object) -> WorkspaceSpec:
 class TestFirecrackerConformance(ProviderConformance):
     """The whole conformance suite through the firecracker provider, manager, double, init, vsock and agent."""
 
+    unexercised: ClassVar[Mapping[str, str]] = {
+        "pause=memory": "the Firecracker double cannot restore guest memory; a resume boots the guest from its disk",
+        "snapshots=memory": "the Firecracker double cannot restore guest memory; a restore boots from the disk copy",
+    }
+
     @pytest.fixture
     async def provider(self, manager: FirecrackerManager) -> AsyncIterator[FirecrackerProvider]:
         prov = FirecrackerProvider(manager=manager)
@@ -139,7 +151,9 @@ async def test_default_limits_give_2_vcpus_4g_and_a_10g_disk(
     assert config["machine-config"] == {"vcpu_count": 2, "mem_size_mib": 4096, "smt": False}
     drives = cast("list[dict[str, Any]]", config["drives"])
     assert [(d["drive_id"], d["is_root_device"], d["is_read_only"]) for d in drives] == [("rootfs", True, False)]
-    disk = os.stat(drives[0]["path_on_host"])
+    # relative to the VM's directory, where Firecracker runs: a snapshot records it, and a restore reopens it there
+    assert drives[0]["path_on_host"] == "rootfs.ext4"
+    disk = os.stat(manager.vm_dir(spec.id) / drives[0]["path_on_host"])
     assert disk.st_size == 10 * GIB
     assert disk.st_blocks * 512 < GIB, "the disk file is not sparse"
     df = await provider.exec(spec.id, ExecRequest("df -B1 --output=size / | tail -1"))
@@ -221,7 +235,8 @@ async def test_stop_keeps_disk_and_network_and_resume_reattaches_the_same_disk(
     assert resumed.pid not in (None, first_pid)
     assert resumed.boots == 2
     config = await _machine_config(manager, spec.id)
-    assert config["drives"][0]["path_on_host"] == before.disk_path  # type: ignore[index]
+    drive = config["drives"][0]["path_on_host"]  # type: ignore[index]
+    assert str(manager.vm_dir(spec.id) / drive) == before.disk_path
     assert os.stat(resumed.disk_path).st_ino == disk_inode
     assert (await provider.exec(spec.id, ExecRequest("cat /workspace/kept.txt"))).stdout == b"survives stop"
 
@@ -362,3 +377,127 @@ async def test_create_fails_cleanly_when_the_vmm_cannot_start(
     finally:
         await broken.aclose()
         await mgr.aclose()
+
+
+# --- pause, snapshots, restore (Firecracker's snapshot API, enforced by the double) -------------------------------
+
+
+def _log(manager: FirecrackerManager, vm_id: str) -> str:
+    return (manager.vm_dir(vm_id) / "firecracker.log").read_text(errors="replace")
+
+
+async def test_pause_snapshots_memory_ends_the_process_and_resume_loads_it(
+    provider: FirecrackerProvider, manager: FirecrackerManager
+) -> None:
+    """Pause = PATCH /vm Paused + PUT /snapshot/create + the process ended; resume = a new process loading the
+    snapshot; the disk (also outside /workspace) is the same and the agent answers again."""
+    assert isinstance(provider, Snapshotter)
+    spec = _spec()
+    await provider.create(spec)
+    await provider.write_file(spec.id, "/root/kept.txt", b"outside the workspace")
+    first_pid = (await manager.get(spec.id)).pid
+    assert await provider.pause(spec.id) == "memory"
+    assert await provider.state(spec.id) is WorkspaceState.PAUSED
+    paused = await manager.get(spec.id)
+    assert (paused.state, paused.pid) == ("paused", None)
+    assert not _alive(first_pid), "pausing frees the VM's CPU and memory: its Firecracker process is gone"
+    assert (manager.vm_dir(spec.id) / "pause.vmstate").is_file()
+    assert (manager.vm_dir(spec.id) / "pause.mem").stat().st_size == 256 * MIB
+    log = _log(manager, spec.id)
+    assert '"PATCH /vm HTTP/1.1" 204' in log
+    assert '"PUT /snapshot/create HTTP/1.1" 204' in log
+    assert await provider.pause(spec.id) == "memory", "pausing a paused workspace answers what it holds"
+    with pytest.raises(WorkspaceStateError, match="paused"):
+        await provider.exec(spec.id, ExecRequest("true"))
+    await provider.resume(spec.id)
+    resumed = await manager.get(spec.id)
+    assert (resumed.state, resumed.boots) == ("running", 2)
+    assert resumed.pid not in (None, first_pid)
+    assert '"PUT /snapshot/load HTTP/1.1" 204' in _log(manager, spec.id)
+    assert not (manager.vm_dir(spec.id) / "pause.mem").exists()
+    assert (await provider.exec(spec.id, ExecRequest("cat /root/kept.txt"))).stdout == b"outside the workspace"
+
+
+async def test_stop_of_a_paused_vm_discards_its_memory_and_resume_boots_cold(
+    provider: FirecrackerProvider, manager: FirecrackerManager
+) -> None:
+    """A paused VM that is stopped loses its memory snapshot, keeps its disk, and boots anew on resume."""
+    spec = _spec()
+    await provider.create(spec)
+    await provider.write_file(spec.id, "/workspace/a.txt", b"disk")
+    await provider.pause(spec.id)
+    await provider.stop(spec.id)
+    assert await provider.state(spec.id) is WorkspaceState.STOPPED
+    assert not (manager.vm_dir(spec.id) / "pause.vmstate").exists()
+    with pytest.raises(WorkspaceStateError, match="stopped"):
+        await provider.pause(spec.id)
+    await provider.resume(spec.id)
+    assert (await provider.exec(spec.id, ExecRequest("cat /workspace/a.txt"))).stdout == b"disk"
+    assert '"PUT /actions HTTP/1.1" 204' in _log(manager, spec.id).rsplit("snapshot/create", 1)[1]
+
+
+async def test_snapshot_restores_into_a_new_vm_and_is_deleted(
+    provider: FirecrackerProvider, manager: FirecrackerManager, netns: Netns
+) -> None:
+    """A snapshot keeps the source running; a VM restored from it has the snapshot's files (not later writes), its
+    own disk, TAP device and vsock socket; deleting the snapshot leaves that VM running."""
+    source = _spec()
+    await provider.create(source)
+    await provider.write_file(source.id, "/root/before.txt", b"in the snapshot")
+    with pytest.raises(InvalidRequestError, match="not a valid snapshot id"):
+        await provider.snapshot(source.id, "Not_Valid")
+    info = await provider.snapshot(source.id, "snap-1")
+    assert info.kind == "memory"
+    assert info.size_bytes > 0
+    assert await provider.list_snapshots() == ["snap-1"]
+    with pytest.raises(WorkspaceStateError, match="already exists"):
+        await provider.snapshot(source.id, "snap-1")
+    # The source runs on; its agent stream was reset by the snapshot and reconnects.
+    await provider.write_file(source.id, "/root/after.txt", b"not in the snapshot")
+    copy = _spec()
+    await provider.restore(copy, "snap-1")
+    assert await provider.state(copy.id) is WorkspaceState.RUNNING
+    assert (await provider.exec(copy.id, ExecRequest("cat /root/before.txt"))).stdout == b"in the snapshot"
+    assert (await provider.exec(copy.id, ExecRequest("test -e /root/after.txt"))).exit_code == 1
+    src, dst = await manager.get(source.id), await manager.get(copy.id)
+    assert dst.from_snapshot == "snap-1"
+    assert dst.guest_cid == src.guest_cid, "the vsock CID is in the snapshot"
+    assert dst.network.tap != src.network.tap
+    assert "LOWER_UP" in netns.run("ip", "link", "show", dst.network.tap).stdout, "network_overrides attached its TAP"
+    assert os.stat(dst.disk_path).st_ino != os.stat(src.disk_path).st_ino
+    config = await _machine_config(manager, copy.id)
+    assert config["network-interfaces"][0]["host_dev_name"] == dst.network.tap  # type: ignore[index]
+    await provider.write_file(copy.id, "/root/copy.txt", b"only here")
+    assert (await provider.exec(source.id, ExecRequest("test -e /root/copy.txt"))).exit_code == 1
+    await provider.delete_snapshot("snap-1")
+    await provider.delete_snapshot("snap-1")
+    assert await provider.list_snapshots() == []
+    assert (await provider.exec(copy.id, ExecRequest("cat /root/copy.txt"))).stdout == b"only here"
+    with pytest.raises(SnapshotNotFoundError, match="snap-1"):
+        await provider.restore(_spec(), "snap-1")
+
+
+async def test_snapshot_of_a_paused_vm_is_refused(provider: FirecrackerProvider) -> None:
+    """Only a running VM can be snapshotted: a paused one is refused with a state error."""
+    spec = _spec()
+    await provider.create(spec)
+    await provider.pause(spec.id)
+    with pytest.raises(WorkspaceStateError, match="paused"):
+        await provider.snapshot(spec.id, "nope")
+    assert await provider.list_snapshots() == []
+
+
+async def test_stop_does_not_rely_on_ctrl_alt_del(manager: FirecrackerManager) -> None:
+    """A guest that never sees Ctrl-Alt-Del (no keyboard driver) is still stopped: killed after the grace period."""
+    deaf = manager.with_config(firecracker_cmd=(*FAKE_VMM, "--no-keyboard"), shutdown_grace_s=0.5)
+    try:
+        record = await deaf.create(CreateVM("deaf", vcpu_count=1, mem_size_mib=256, disk_bytes=GIB))
+        started = time.monotonic()
+        stopped = await deaf.stop("deaf")
+        assert (stopped.state, stopped.last_exit) == ("stopped", "stopped (killed)")
+        assert time.monotonic() - started < 5
+        assert not _alive(record.pid)
+        assert "Ctrl-Alt-Del lost" in _log(deaf, "deaf")
+    finally:
+        await deaf.destroy_all()
+        await deaf.aclose()

@@ -1,8 +1,9 @@
 """The guest agent behind Firecracker's hybrid vsock, with a local process as the guest.
 
 The double's :class:`~corral.testing.firecracker.VsockRelay` plays Firecracker's side (Unix socket,
-``CONNECT``/``OK``, then bytes); the "guest" answers only after a simulated boot delay and then runs the unchanged
-agent as a subprocess per connection, so the host's retry, the handshake and the agent protocol run for real.
+``CONNECT``/``OK``, then bytes); the "guest" answers only after a simulated boot delay (a request waits for it) and
+then runs the unchanged agent as a subprocess per connection, so the handshake and the agent protocol run for
+real.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.integration
 
 
 class LocalAgentGuest:
-    """A guest that boots for ``boot_s`` seconds, then serves port 1024 with a local agent process."""
+    """A guest whose vsock driver is up after ``boot_s`` seconds, then serves port 1024 with a local agent."""
 
     def __init__(self, boot_s: float) -> None:
         self.ready_at = time.monotonic() + boot_s
@@ -35,8 +36,11 @@ class LocalAgentGuest:
     def start(self, root_drive: str | None, boot_args: str) -> None:
         del root_drive, boot_args
 
+    def vsock_ready(self) -> bool:
+        return time.monotonic() >= self.ready_at
+
     def connect(self, port: int) -> socket.socket | None:
-        if port != 1024 or time.monotonic() < self.ready_at:
+        if port != 1024:
             self.refused += 1
             return None
         host_end, guest_end = socket.socketpair()
@@ -48,7 +52,19 @@ class LocalAgentGuest:
         guest_end.close()
         return host_end
 
+    def keyboard_ready(self) -> bool:
+        return False
+
     def ctrl_alt_del(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def exited(self) -> bool:
@@ -69,13 +85,13 @@ def guest() -> Iterator[LocalAgentGuest]:
 
 
 async def test_agent_over_hybrid_vsock_after_boot(tmp_path: Path, guest: LocalAgentGuest) -> None:
-    """The host retries while the guest boots, then runs commands and file calls through the agent."""
+    """The host's CONNECT waits while the guest boots, then commands and file calls run through the agent."""
     relay = VsockRelay(str(tmp_path / "v.sock"), guest)
     try:
         started = time.monotonic()
         reader, writer = await connect(relay.uds_path, 1024, timeout_s=10, retry_interval_s=0.02)
         assert time.monotonic() - started >= 0.4
-        assert guest.refused >= 2, "the relay must have refused connections while the guest booted"
+        assert (relay.dropped, relay.refused) == (0, 0), "one request, held until the guest's driver was up"
         conn = GuestConnection(reader, writer, label="local guest")
         hello = await conn.wait_ready(10)
         assert hello["version"] == agent.PROTOCOL_VERSION

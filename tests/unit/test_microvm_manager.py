@@ -14,6 +14,7 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
 )
 from corral.microvm.manager import CreateVM, FirecrackerManager, ManagerConfig, config_from_settings
@@ -172,7 +173,8 @@ async def test_provider_capabilities_carry_kvm_and_resources(provider: Firecrack
     """capabilities describe microVMs and carry whether KVM is usable and why, with the host's resources."""
     caps = await provider.capabilities()
     assert (caps.isolation, caps.disk_limit, caps.requirements) == ("microvm", "enforced", ("kvm", "firecracker"))
-    assert (caps.persistence, caps.snapshots, caps.warm_pool, caps.streaming) == (True, False, True, True)
+    assert (caps.persistence, caps.snapshots, caps.pause) == ("full", "memory", "memory")
+    assert (caps.warm_pool, caps.streaming) == (True, True)
     assert caps.resources["kvm_usable"] is False
     assert caps.resources["reason"] == REASON
     assert caps.resources["max_vms"] == 32
@@ -228,3 +230,36 @@ async def test_from_settings_in_process_and_remote(tmp_path: Path) -> None:
         "10.50.0.0/20", ("1.1.1.1", "9.9.9.9"), "ns-x",
     )  # fmt: skip
     assert (config.max_vms, config.warm_pool_size, config.warm_disk_bytes) == (4, 2, 2 * 1024**3)
+
+
+async def test_snapshot_and_pause_routes_on_an_unusable_host(api: httpx.AsyncClient) -> None:
+    """Pause, snapshot and snapshot routes answer in Corral's error shape: 404 for unknown VMs and snapshots, 400
+    for bad snapshot ids, 204 for deleting a snapshot that is not there."""
+    assert (await api.get("/snapshots")).json() == {"snapshots": []}
+    assert (await api.post("/vms/nope/pause")).json()["error"]["code"] == "workspace_not_found"
+    bad = await api.post("/vms/nope/snapshots/Bad_Id")
+    assert (bad.status_code, bad.json()["error"]["code"]) == (400, "invalid_request")
+    assert "not a valid snapshot id" in bad.json()["error"]["message"]
+    missing = await api.post("/vms/nope/snapshots/s1")
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "workspace_not_found")
+    gone = await api.get("/snapshots/s1")
+    assert (gone.status_code, gone.json()["error"]["code"]) == (404, "snapshot_not_found")
+    assert (await api.delete("/snapshots/s1")).status_code == 204
+    from_bad = await api.post("/vms", json={"id": "x", "from_snapshot": "../etc"})
+    assert (from_bad.status_code, from_bad.json()["error"]["code"]) == (400, "invalid_request")
+
+
+async def test_restore_from_a_missing_snapshot_makes_nothing(tmp_path: Path) -> None:
+    """On a usable host a create from an unknown snapshot raises SnapshotNotFoundError before touching the host."""
+    manager = FirecrackerManager(ManagerConfig(state_dir=tmp_path / "fc"), probe=usable_probe)
+    with pytest.raises(SnapshotNotFoundError, match="snapshot gone does not exist"):
+        await manager.create(CreateVM("vm"), from_snapshot="gone")
+    assert not (tmp_path / "fc" / "vms").exists()
+    provider = FirecrackerProvider(manager=manager)
+    try:
+        with pytest.raises(SnapshotNotFoundError):
+            await provider.restore(WorkspaceSpec(id="ws1", image="corral/workspace:base"), "gone")
+        assert await provider.list_snapshots() == []
+        await provider.delete_snapshot("gone")
+    finally:
+        await provider.aclose()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from corral.microvm.vsock import VsockConnectError, connect
+from corral.testing.firecracker import VsockRelay
 
 pytestmark = pytest.mark.unit
 
@@ -113,3 +116,119 @@ async def test_deadline_reports_the_last_failure(tmp_path: Path, vmm_factory: Ca
     with pytest.raises(VsockConnectError, match=r"answered b'NOPE\\n' instead of OK"):
         await connect(vmm.path, 1024, timeout_s=0.3, retry_interval_s=0.05)
     assert vmm.attempts >= 2
+
+
+# --- against the Firecracker double's relay: its hang, its 2000 ms drop, its reset -----------------------------------
+
+
+class SlowGuest:
+    """A guest for the double's :class:`VsockRelay` whose vsock driver comes up ``boot_s`` after creation (never,
+    with None); then port 1024 echoes through a socket pair and other ports are refused."""
+
+    def __init__(self, boot_s: float | None) -> None:
+        self.ready_at = None if boot_s is None else time.monotonic() + boot_s
+        self.accepted: list[socket.socket] = []
+
+    def start(self, root_drive: str | None, boot_args: str) -> None:
+        del root_drive, boot_args
+
+    def vsock_ready(self) -> bool:
+        return self.ready_at is not None and time.monotonic() >= self.ready_at
+
+    def connect(self, port: int) -> socket.socket | None:
+        if port != 1024:
+            return None
+        host_end, guest_end = socket.socketpair()
+        self.accepted.append(guest_end)
+        return host_end
+
+    def keyboard_ready(self) -> bool:
+        return False
+
+    def ctrl_alt_del(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def resume(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def exited(self) -> bool:
+        return False
+
+    def cleanup(self) -> None:
+        for sock in self.accepted:
+            sock.close()
+
+
+@pytest.fixture
+def relays(tmp_path: Path) -> Iterator[Callable[..., VsockRelay]]:
+    """Makes the double's relays on sockets in tmp_path; closes them and their guests afterwards."""
+    made: list[tuple[VsockRelay, SlowGuest]] = []
+
+    def make(guest: SlowGuest, running: Callable[[], bool] = lambda: True) -> VsockRelay:
+        relay = VsockRelay(str(tmp_path / f"r{len(made)}.sock"), guest, running)
+        made.append((relay, guest))
+        return relay
+
+    yield make
+    for relay, guest in made:
+        relay.close()
+        guest.cleanup()
+
+
+async def test_connect_times_out_when_the_guest_never_answers(relays: Callable[..., VsockRelay]) -> None:
+    """A guest whose driver never comes up leaves CONNECT unanswered: the client waits its 2 s handshake timeout,
+    retries, and past its deadline reports the timeout; the relay drops each request it could not answer."""
+    relay = relays(SlowGuest(boot_s=None))
+    started = time.monotonic()
+    with pytest.raises(VsockConnectError, match=r"no answer to CONNECT 1024 within 2 s") as caught:
+        await connect(relay.uds_path, 1024, timeout_s=3.0, retry_interval_s=0.02)
+    elapsed = time.monotonic() - started
+    assert 2.9 <= elapsed < 4.5
+    assert caught.value.details["attempts"] == 2
+    deadline = time.monotonic() + 3
+    while relay.dropped < 1:  # the relay gives up on the first request at its own 2000 ms
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+async def test_connect_waits_for_the_guest_driver_on_one_request(relays: Callable[..., VsockRelay]) -> None:
+    """CONNECT hangs (not refused) while the guest boots and is answered as soon as its driver is up."""
+    relay = relays(SlowGuest(boot_s=0.5))
+    started = time.monotonic()
+    reader, writer = await connect(relay.uds_path, 1024, timeout_s=5.0)
+    assert time.monotonic() - started >= 0.45
+    assert (relay.dropped, relay.refused) == (0, 0), "one request, answered"
+    writer.close()
+    await writer.wait_closed()
+    del reader
+
+
+async def test_paused_guest_does_not_answer_and_an_unlistened_port_is_refused(
+    relays: Callable[..., VsockRelay],
+) -> None:
+    """A paused VM answers nothing (dropped after 2 s); a running one refuses a port nobody listens on at once."""
+    paused = relays(SlowGuest(boot_s=0), running=lambda: False)
+    with pytest.raises(VsockConnectError, match=r"within 2 s|closed the connection"):
+        await connect(paused.uds_path, 1024, timeout_s=2.5, retry_interval_s=0.02)
+    assert paused.refused == 0
+    running = relays(SlowGuest(boot_s=0))
+    with pytest.raises(VsockConnectError, match=r"the VMM closed the connection") as caught:
+        await connect(running.uds_path, 52, timeout_s=0.3, retry_interval_s=0.02)
+    assert caught.value.details["attempts"] >= 2
+    assert running.refused >= 2
+
+
+async def test_reset_ends_open_connections(relays: Callable[..., VsockRelay]) -> None:
+    """The transport reset a snapshot causes closes a connected stream: the host reads end of file."""
+    relay = relays(SlowGuest(boot_s=0))
+    reader, writer = await connect(relay.uds_path, 1024, timeout_s=5.0)
+    relay.reset()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+    await writer.wait_closed()

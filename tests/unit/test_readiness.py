@@ -627,7 +627,8 @@ async def test_provider_capabilities() -> None:
     caps = await provider.capabilities()
 
     assert caps.isolation == "microvm"
-    assert (caps.persistence, caps.snapshots, caps.warm_pool, caps.streaming) == (True, False, True, True)
+    assert (caps.persistence, caps.snapshots, caps.pause) == ("full", "memory", "memory")
+    assert (caps.warm_pool, caps.streaming) == (True, True)
     assert caps.disk_limit == "enforced"
     assert caps.requirements == ("kvm", "firecracker")
     assert caps.startup_latency_ms == 125.0

@@ -1,7 +1,7 @@
 """A client for Firecracker's REST API, which every Firecracker process serves on its own Unix socket.
 
 Only the calls Corral needs are wrapped, each mapped one to one onto Firecracker's published API
-(``src/firecracker/swagger/firecracker.yaml``):
+(``src/firecracker/swagger/firecracker.yaml``), as of release 1.12.0 (the first with ``network_overrides``):
 
 ======================================  ==========================================================  =========
 call                                    body                                                        allowed
@@ -13,9 +13,16 @@ call                                    body                                    
 ``PUT /network-interfaces/{iface_id}``  ``{iface_id, host_dev_name, guest_mac?}``                   pre-boot
 ``PUT /vsock``                          ``{guest_cid, uds_path}``                                   pre-boot
 ``PUT /actions``                        ``{action_type: "InstanceStart"}``                          pre-boot
+``PUT /snapshot/load``                  ``{snapshot_path, mem_backend: {backend_type: "File",       fresh
+                                        backend_path}, resume_vm, network_overrides?}``             process
 ``PUT /actions``                        ``{action_type: "SendCtrlAltDel"}``                         post-boot
 ``PATCH /drives/{drive_id}``            ``{drive_id, path_on_host?}``                               post-boot
+``PATCH /vm``                           ``{state: "Paused"|"Resumed"}``                             post-boot
+``PUT /snapshot/create``                ``{snapshot_type: "Full", snapshot_path, mem_file_path}``   paused
 ======================================  ==========================================================  =========
+
+Paths in bodies may be relative: Firecracker opens them from its working directory. The paths of drives and of
+the vsock socket are recorded in a snapshot and reopened as recorded when it is loaded.
 
 Successful ``PUT``/``PATCH`` calls answer ``204 No Content``; failures answer ``400`` (or another status) with
 ``{"fault_message": "..."}``, which becomes :class:`FirecrackerAPIError` carrying the message verbatim. A socket
@@ -183,3 +190,36 @@ class FirecrackerClient:
     async def send_ctrl_alt_del(self) -> None:
         """``SendCtrlAltDel``: ask the guest to shut down cleanly (post-boot, x86_64 only)."""
         await self.request("PUT", "/actions", {"action_type": "SendCtrlAltDel"})
+
+    async def patch_vm(self, state: Literal["Paused", "Resumed"]) -> None:
+        """``PATCH /vm``: pause or resume the vCPUs (post-boot; both are idempotent)."""
+        await self.request("PATCH", "/vm", {"state": state})
+
+    async def create_snapshot(self, *, snapshot_path: str, mem_file_path: str) -> None:
+        """``PUT /snapshot/create``: a full snapshot (state and memory files) of the paused VM."""
+        await self.request(
+            "PUT",
+            "/snapshot/create",
+            {"snapshot_type": "Full", "snapshot_path": snapshot_path, "mem_file_path": mem_file_path},
+        )
+
+    async def load_snapshot(
+        self,
+        *,
+        snapshot_path: str,
+        mem_file_path: str,
+        resume_vm: bool,
+        network_overrides: dict[str, str] | None = None,
+    ) -> None:
+        """``PUT /snapshot/load`` on a fresh process: memory from ``mem_file_path``, each interface named in
+        ``network_overrides`` (iface id -> TAP device) on another TAP device than the snapshot's."""
+        body: dict[str, Any] = {
+            "snapshot_path": snapshot_path,
+            "mem_backend": {"backend_type": "File", "backend_path": mem_file_path},
+            "resume_vm": resume_vm,
+        }
+        if network_overrides:
+            body["network_overrides"] = [
+                {"iface_id": iface, "host_dev_name": tap} for iface, tap in sorted(network_overrides.items())
+            ]
+        await self.request("PUT", "/snapshot/load", body)

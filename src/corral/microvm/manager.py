@@ -1,22 +1,46 @@
-"""The Firecracker manager: the registry of microVMs on one host, their resources, and its health.
+"""The Firecracker manager: the registry of microVMs on one host, their resources, snapshots, and its health.
 
 It runs in-process under ``corral serve`` (when ``CORRAL_FIRECRACKER_MANAGER_URL`` is unset) or standalone as
 ``corral firecracker-manager`` (:mod:`corral.microvm.server` serves its HTTP API). For each VM it owns
 
 * a directory ``<state_dir>/vms/<id>/`` with ``vm.json`` (the metadata, written atomically on every change, so a
   restarted manager knows its VMs and re-adopts the Firecracker processes still running), the disk
-  ``rootfs.ext4`` and ``firecracker.log``;
-* the API and vsock sockets under ``<state_dir>/run/`` (short names: Unix socket paths are limited to 107 bytes);
+  ``rootfs.ext4``, ``firecracker.log``, the vsock socket ``v.sock`` and, while paused, ``pause.vmstate`` and
+  ``pause.mem``; the Firecracker process runs in this directory (see :mod:`corral.microvm.vm` for why);
+* the API socket and a short link to the vsock socket under ``<state_dir>/run/`` (Unix socket paths are limited to
+  107 bytes);
 * a TAP device, a /30 and iptables rules (:mod:`corral.microvm.network`);
 * while running, one Firecracker process (:mod:`corral.microvm.vm`).
 
 Lifecycle: ``create`` refuses with the readiness probe's reason ("KVM not available: ...") when the host
 cannot run microVMs; otherwise takes a disk from the warm pool (or clones the base rootfs, copy-on-write, grown to
 the requested size), sets up the network and boots with ``vcpu_count = ceil(cpu)`` and ``mem_size_mib`` from the
-limits. ``stop`` shuts the VM down (Ctrl-Alt-Del, up to 5 s, then kill) and keeps disk, network and metadata;
-``resume`` boots a new Firecracker process on the same disk file, TAP device and address; ``destroy`` does the
-shutdown if needed and removes the disk file, the network configuration and the metadata. At most ``max_vms``
-run at once; past that, and for limits Firecracker cannot grant, :class:`~corral.errors.ResourceLimitError`.
+limits. ``stop`` shuts the VM down (Ctrl-Alt-Del, up to 5 s, then kill: the keystroke alone is not relied on) and
+keeps disk, network and metadata; ``resume`` boots a new Firecracker process on the same disk file, TAP device and
+address; ``destroy`` does the shutdown if needed and removes the disk file, the network configuration and the
+metadata. At most ``max_vms`` run at once; past that, and for limits Firecracker cannot grant,
+:class:`~corral.errors.ResourceLimitError`.
+
+Memory, through Firecracker's own API:
+
+* ``pause``: ``PATCH /vm Paused``, ``PUT /snapshot/create`` (full) into the VM's directory, then the process is
+  ended, which frees its CPU and memory; the VM is ``paused``. ``resume`` starts a fresh process and loads that
+  snapshot with ``resume_vm`` (``PUT /snapshot/load``): same disk, same TAP device, processes and memory back.
+  ``stop`` of a paused VM discards its memory (the disk stays).
+* ``snapshot``: pause, snapshot into ``<state_dir>/snapshots/<snapshot id>/`` (``vmstate``, ``memory``), copy the
+  disk beside them while the vCPUs are stopped, resume. Ids are the caller's (``[a-z0-9-]{1,64}``).
+* ``create(..., from_snapshot=id)``: a new VM directory with a copy of the snapshot's disk, a new TAP device and
+  address, and a fresh process loading the snapshot. What the snapshot recorded comes back as recorded
+  (Firecracker requires it): the disk and the vsock socket by their names relative to the process's directory (so
+  the new VM's own copy and socket; the socket path must be free at load), the network interface on the new TAP
+  device through ``network_overrides`` (Firecracker 1.12 or later; older releases reattach the source's TAP device,
+  which the source still holds), and, in guest memory, the vsock CID and the IP configuration the source booted
+  with. The new VM's guest therefore keeps the source's address, which its own TAP device does not route:
+  re-addressing a restored guest is not implemented.
+
+Not exercised on Corral's machines: a real Firecracker process restoring real guest memory. There the VMM is the
+API double (:mod:`corral.testing.firecracker`), which enforces these calls but cannot snapshot memory: a "restored"
+guest boots its init again on the restored disk.
 
 The readiness answer is cached for :data:`READINESS_CACHE_S` seconds so ``health`` stays fast.
 """
@@ -24,6 +48,7 @@ The readiness answer is cached for :data:`READINESS_CACHE_S` seconds so ``health
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import json
@@ -42,16 +67,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from corral.errors import (
+    CorralError,
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
 from corral.microvm import disks
 from corral.microvm.network import DEFAULT_SUBNET, HostNetwork, Lease, NetworkConfig, NetworkError
 from corral.microvm.readiness import Readiness, ReadinessConfig, probe
-from corral.microvm.vm import SHUTDOWN_GRACE_S, MicroVM, VMSpec
+from corral.microvm.vm import DISK_NAME, SHUTDOWN_GRACE_S, MicroVM, VMSpec
 from corral.microvm.vsock import AGENT_PORT
 from corral.values import NetworkMode, parse_size
 
@@ -64,6 +91,7 @@ __all__ = [
     "CreateVM",
     "FirecrackerManager",
     "ManagerConfig",
+    "SnapshotRecord",
     "VMRecord",
     "config_from_settings",
     "readiness_config_from_settings",
@@ -75,12 +103,17 @@ READINESS_CACHE_S = 10.0
 MIB = 1024 * 1024
 GIB = 1024 * MIB
 MAX_VCPUS = 32
-DEFAULT_BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd"
-"""Firecracker's recommended guest command line; ``init=``, ``ip=`` and the agent port are appended per VM."""
+DEFAULT_BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd"
+"""Firecracker's default guest command line since 1.12, which dropped ``i8042.nopnp``: on ACPI guest kernels it
+keeps the keyboard driver from loading, and ``SendCtrlAltDel`` then never reaches the guest. ``init=``, ``ip=`` and
+the agent port are appended per VM."""
 SOCKET_PATH_MAX = 107
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+_SNAPSHOT_ID_RE = re.compile(r"^[a-z0-9-]{1,64}$")
+PAUSE_STATE, PAUSE_MEMORY = "pause.vmstate", "pause.mem"
+SNAPSHOT_STATE, SNAPSHOT_MEMORY, SNAPSHOT_META = "vmstate", "memory", "snapshot.json"
 
-VMState = Literal["running", "stopped"]
+VMState = Literal["running", "stopped", "paused"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +183,7 @@ class VMRecord:
     last_exit: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    from_snapshot: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able dict (also the API's VM representation)."""
@@ -166,8 +200,42 @@ class VMRecord:
         return cls(**fields)
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """What ``snapshot.json`` holds about one snapshot, and what the API returns."""
+
+    id: str
+    source_vm: str
+    vcpu_count: int
+    mem_size_mib: int
+    disk_bytes: int
+    guest_cid: int
+    """Recorded in the snapshot's vsock device: VMs restored from it keep it."""
+    created_at: str
+    size_bytes: int
+    """Bytes on the host: state, memory (sparse where the guest never wrote) and the disk copy."""
+    kind: Literal["memory"] = "memory"
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SnapshotRecord:
+        """The inverse of :meth:`to_json`."""
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat()
+
+
+def _allocated(*paths: Path) -> int:
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += path.stat().st_blocks * 512
+    return total
 
 
 def _meminfo() -> dict[str, int]:
@@ -229,9 +297,23 @@ class FirecrackerManager:
         """``<state_dir>/pool``: warm disks."""
         return self.config.state_dir / "pool"
 
+    @property
+    def snapshots_dir(self) -> Path:
+        """``<state_dir>/snapshots``."""
+        return self.config.state_dir / "snapshots"
+
     def vm_dir(self, vm_id: str) -> Path:
         """One VM's directory."""
         return self.vms_dir / vm_id
+
+    def snapshot_dir(self, snapshot_id: str) -> Path:
+        """One snapshot's directory (the id is checked first)."""
+        if not _SNAPSHOT_ID_RE.match(snapshot_id):
+            raise InvalidRequestError(
+                f"snapshot_id: {snapshot_id!r} is not a valid snapshot id (1 to 64 of a-z, 0-9 and '-')",
+                details={"field": "snapshot_id"},
+            )
+        return self.snapshots_dir / snapshot_id
 
     def _socket_paths(self, vm_id: str) -> tuple[str, str]:
         short = hashlib.sha256(vm_id.encode()).hexdigest()[:12]
@@ -276,6 +358,9 @@ class FirecrackerManager:
             self._started = True
             if self.vms_dir.is_dir():
                 await self._load()
+            if self.snapshots_dir.is_dir():  # snapshots a crash left half-written
+                for partial in self.snapshots_dir.glob(".*.tmp-*"):
+                    shutil.rmtree(partial, ignore_errors=True)
             if self.config.warm_pool_size > 0 and (await self.readiness()).usable:
                 self._scan_pool()
                 self._schedule_pool_refill()
@@ -342,21 +427,33 @@ class FirecrackerManager:
                 details={"max_vms": self.config.max_vms},
             )
 
-    async def create(self, request: CreateVM) -> VMRecord:
+    async def create(self, request: CreateVM, *, from_snapshot: str | None = None) -> VMRecord:
         """Disk, network and a booted VM for ``request`` (see the module docstring).
+
+        With ``from_snapshot`` the VM is that snapshot restored: its disk copy, its vCPUs and memory size (the
+        request's limits are not used), its processes and memory; the request gives id, network mode, env and
+        labels.
 
         Raises:
             ProviderUnavailableError: the host cannot run microVMs ("KVM not available: ..."), or boot failed.
             ResourceLimitError: past ``max_vms``, too many vCPUs or too much memory, or a disk too small.
+            SnapshotNotFoundError: ``from_snapshot`` names no snapshot.
             WorkspaceStateError: a VM with this id exists.
         """
         await self.start()
         await self._require_usable(request.id)
         if request.id in self.vms or request.id in self._booking:
             raise WorkspaceStateError(f"VM {request.id} already exists", details={"id": request.id})
+        snapshot: SnapshotRecord | None = None
+        if from_snapshot is not None:
+            snapshot = self.get_snapshot(from_snapshot)
+            request = replace(
+                request, vcpu_count=snapshot.vcpu_count, mem_size_mib=snapshot.mem_size_mib,
+                disk_bytes=snapshot.disk_bytes,
+            )  # fmt: skip
         self._check_limits(request)
         base, kernel = self.config.readiness.rootfs_path, self.config.readiness.kernel_path
-        if base is None or kernel is None:
+        if snapshot is None and (base is None or kernel is None):
             raise ProviderUnavailableError(
                 "firecracker", "no guest kernel or rootfs configured (CORRAL_FIRECRACKER_KERNEL, _ROOTFS)"
             )
@@ -370,20 +467,25 @@ class FirecrackerManager:
                     shutil.rmtree(vm_dir)
                 vm_dir.mkdir(parents=True)
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                disk = vm_dir / "rootfs.ext4"
-                from_pool = await self._take_pool_disk(disk, request.disk_bytes)
-                if not from_pool:
-                    await disks.clone(base, disk, request.disk_bytes)
+                disk = vm_dir / DISK_NAME
+                from_pool = await self._make_disk(disk, request.disk_bytes, snapshot)
                 lease = await self.network.setup(request.id, request.network)
                 api, vsock = self._socket_paths(request.id)
                 record = VMRecord(
                     id=request.id, state="stopped", vcpu_count=request.vcpu_count,
                     mem_size_mib=request.mem_size_mib, disk_bytes=request.disk_bytes, disk_path=str(disk),
-                    network=lease, guest_cid=3 + lease.index, api_socket=api, vsock_uds=vsock, created_at=_now(),
-                    from_warm_pool=from_pool, env=dict(request.env), labels=dict(request.labels),
+                    network=lease, guest_cid=snapshot.guest_cid if snapshot else 3 + lease.index, api_socket=api,
+                    vsock_uds=vsock, created_at=_now(), from_warm_pool=from_pool, env=dict(request.env),
+                    labels=dict(request.labels), from_snapshot=snapshot.id if snapshot else None,
                 )  # fmt: skip
                 self._save(record)
-                await self._boot(record)
+                if snapshot is None:
+                    await self._boot(record)
+                else:
+                    where = self.snapshot_dir(snapshot.id)
+                    await self._boot_from_snapshot(
+                        record, where / SNAPSHOT_STATE, where / SNAPSHOT_MEMORY, override_tap=True
+                    )
                 self.vms[request.id] = record
         except BaseException as exc:
             if not isinstance(exc, ResourceLimitError | InvalidRequestError):
@@ -395,9 +497,32 @@ class FirecrackerManager:
         self._schedule_pool_refill()
         return record
 
+    async def _make_disk(self, disk: Path, size_bytes: int, snapshot: SnapshotRecord | None) -> bool:
+        """The new VM's disk: a copy of the snapshot's, or a warm-pool disk (True), or a clone of the base."""
+        if snapshot is not None:
+            await disks.clone(self.snapshot_dir(snapshot.id) / DISK_NAME, disk)
+            return False
+        if await self._take_pool_disk(disk, size_bytes):
+            return True
+        base = self.config.readiness.rootfs_path
+        assert base is not None  # checked by create
+        await disks.clone(base, disk, size_bytes)
+        return False
+
     async def _boot(self, record: VMRecord) -> None:
         vm = MicroVM(self._vm_spec(record), **self._vm_kwargs())
         await vm.boot()
+        self._procs[record.id] = vm
+        record.state, record.pid, record.boots = "running", vm.pid, record.boots + 1
+        self._save(record)
+
+    async def _boot_from_snapshot(
+        self, record: VMRecord, state_path: Path, mem_path: Path, *, override_tap: bool
+    ) -> None:
+        """A fresh process loading a snapshot, resumed. ``override_tap``: the snapshot is another VM's, whose TAP
+        device it names; attach this VM's instead (``network_overrides``)."""
+        vm = MicroVM(self._vm_spec(record), **self._vm_kwargs())
+        await vm.restore(str(state_path), str(mem_path), tap=record.network.tap if override_tap else None)
         self._procs[record.id] = vm
         record.state, record.pid, record.boots = "running", vm.pid, record.boots + 1
         self._save(record)
@@ -453,7 +578,8 @@ class FirecrackerManager:
         return [self.vms[k] for k in sorted(self.vms)]
 
     async def stop(self, vm_id: str) -> VMRecord:
-        """Shut the VM down (Ctrl-Alt-Del, grace, kill); keep disk, network and metadata. Stopping twice is fine."""
+        """Shut the VM down (Ctrl-Alt-Del, grace, kill); keep disk, network and metadata. Stopping twice is fine;
+        stopping a paused VM discards its memory snapshot (the disk is kept as the pause left it)."""
         record = await self.get(vm_id)
         async with self._lock(vm_id):
             if record.state == "running":
@@ -461,10 +587,25 @@ class FirecrackerManager:
                 outcome = await vm.shutdown(self.config.shutdown_grace_s) if vm is not None else "gone"
                 record.state, record.pid, record.last_exit = "stopped", None, f"stopped ({outcome})"
                 self._save(record)
+            elif record.state == "paused":
+                self._drop_pause(vm_id)
+                record.state, record.last_exit = "stopped", "stopped while paused (its memory was discarded)"
+                self._save(record)
         return record
 
+    def _drop_pause(self, vm_id: str) -> None:
+        for name in (PAUSE_STATE, PAUSE_MEMORY):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.vm_dir(vm_id) / name)
+
     async def resume(self, vm_id: str) -> VMRecord:
-        """Boot a new Firecracker process on the VM's disk file and network. A running VM is left as it is."""
+        """Run the VM again; a running VM is left as it is. A paused VM gets a new Firecracker process that loads
+        its pause snapshot (processes and memory come back); a stopped one boots anew on its disk file.
+
+        Raises:
+            ProviderUnavailableError: the host cannot run VMs, or the boot or the snapshot load failed (a paused VM
+                stays paused; ``stop`` discards its memory so that it can boot cold).
+        """
         record = await self.get(vm_id)
         async with self._lock(vm_id):
             if record.state == "running":
@@ -475,7 +616,10 @@ class FirecrackerManager:
             try:
                 if not await self.network.tap_exists(record.network.tap):
                     await self.network.restore(record.network)
-                await self._boot(record)
+                if record.state == "paused":
+                    await self._unpause(record)
+                else:
+                    await self._boot(record)
             except BaseException as exc:
                 self._error(f"resume {vm_id} failed: {exc}")
                 raise
@@ -483,11 +627,133 @@ class FirecrackerManager:
                 self._booking.discard(vm_id)
         return record
 
+    async def _unpause(self, record: VMRecord) -> None:
+        state, memory = self.vm_dir(record.id) / PAUSE_STATE, self.vm_dir(record.id) / PAUSE_MEMORY
+        if not (state.is_file() and memory.is_file()):
+            raise ProviderUnavailableError(
+                "firecracker",
+                f"VM {record.id} is paused but its memory snapshot ({state.name}, {memory.name}) is gone; "
+                "stop it to discard the pause, then resume it to boot from its disk",
+                details={"vm_id": record.id},
+            )
+        # Same TAP device as when paused: no network override needed (Firecracker before 1.12 can do this too).
+        await self._boot_from_snapshot(record, state, memory, override_tap=False)
+        # Firecracker maps the memory file privately; on Linux unlinking it keeps that mapping valid.
+        self._drop_pause(record.id)
+
+    async def pause(self, vm_id: str) -> VMRecord:
+        """Snapshot the running VM's memory and state into its directory and end its Firecracker process (freeing
+        its CPU and memory); ``resume`` restores it. Pausing a paused VM is a no-op.
+
+        Raises:
+            WorkspaceStateError: the VM is stopped.
+            ProviderUnavailableError: Firecracker refused the pause or the snapshot (the VM then keeps running).
+        """
+        record = await self.get(vm_id)
+        async with self._lock(vm_id):
+            if record.state == "paused":
+                return record
+            vm = self._procs.get(vm_id)
+            if record.state != "running" or vm is None:
+                raise WorkspaceStateError(
+                    f"VM {vm_id} is stopped; only a running VM can be paused", details={"id": vm_id}
+                )
+            state, memory = self.vm_dir(vm_id) / PAUSE_STATE, self.vm_dir(vm_id) / PAUSE_MEMORY
+            await vm.pause_vcpus()
+            try:
+                await vm.create_snapshot(str(state), str(memory))
+            except BaseException:
+                self._drop_pause(vm_id)
+                with contextlib.suppress(CorralError):
+                    await asyncio.shield(vm.resume_vcpus())
+                raise
+            self._procs.pop(vm_id, None)
+            await vm.terminate()
+            record.state, record.pid, record.last_exit = "paused", None, "paused (memory snapshot in its directory)"
+            self._save(record)
+        return record
+
+    async def snapshot(self, vm_id: str, snapshot_id: str) -> SnapshotRecord:
+        """Snapshot the running VM into ``<state_dir>/snapshots/<snapshot_id>/``: pause its vCPUs, write state and
+        memory, copy its disk (flushed, and still while the vCPUs are stopped), resume. The VM keeps running; its
+        vsock connections are reset by the snapshot (Firecracker does that), so clients connect again.
+
+        Raises:
+            InvalidRequestError: the snapshot id is not ``[a-z0-9-]{1,64}``.
+            WorkspaceStateError: the VM is not running, or the snapshot id is taken.
+        """
+        target = self.snapshot_dir(snapshot_id)
+        record = await self.get(vm_id)
+        async with self._lock(vm_id):
+            vm = self._procs.get(vm_id)
+            if record.state != "running" or vm is None:
+                raise WorkspaceStateError(
+                    f"VM {vm_id} is {record.state}; only a running VM can be snapshotted", details={"id": vm_id}
+                )
+            if target.exists():
+                raise WorkspaceStateError(
+                    f"snapshot {snapshot_id} already exists", details={"snapshot_id": snapshot_id}
+                )
+            partial = self.snapshots_dir / f".{snapshot_id}.tmp-{uuid.uuid4().hex[:8]}"
+            partial.mkdir(parents=True)
+            try:
+                await vm.pause_vcpus()
+                try:
+                    await vm.create_snapshot(str(partial / SNAPSHOT_STATE), str(partial / SNAPSHOT_MEMORY))
+                    await disks.clone(record.disk_path, partial / DISK_NAME)
+                finally:
+                    await asyncio.shield(vm.resume_vcpus())
+                snap = SnapshotRecord(
+                    id=snapshot_id, source_vm=vm_id, vcpu_count=record.vcpu_count, mem_size_mib=record.mem_size_mib,
+                    disk_bytes=record.disk_bytes, guest_cid=record.guest_cid, created_at=_now(),
+                    size_bytes=_allocated(*(partial / n for n in (SNAPSHOT_STATE, SNAPSHOT_MEMORY, DISK_NAME))),
+                )  # fmt: skip
+                (partial / SNAPSHOT_META).write_text(json.dumps(snap.to_json(), indent=2, sort_keys=True) + "\n")
+                os.replace(partial, target)
+            except BaseException as exc:
+                shutil.rmtree(partial, ignore_errors=True)
+                if not isinstance(exc, CorralError):
+                    self._error(f"snapshot {snapshot_id} of {vm_id} failed: {exc!r}")
+                raise
+        return snap
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotRecord:
+        """The snapshot's record.
+
+        Raises:
+            SnapshotNotFoundError: no such snapshot (or an unreadable one).
+        """
+        meta = self.snapshot_dir(snapshot_id) / SNAPSHOT_META
+        try:
+            return SnapshotRecord.from_json(json.loads(meta.read_text()))
+        except (OSError, ValueError, TypeError) as exc:
+            raise SnapshotNotFoundError(
+                f"snapshot {snapshot_id} does not exist", details={"snapshot_id": snapshot_id}
+            ) from exc
+
+    def list_snapshots(self) -> builtins.list[SnapshotRecord]:
+        """Every snapshot on this host, sorted by id."""
+        found: builtins.list[SnapshotRecord] = []
+        for meta in sorted(self.snapshots_dir.glob(f"*/{SNAPSHOT_META}")):
+            with contextlib.suppress(CorralError):
+                found.append(self.get_snapshot(meta.parent.name))
+        return found
+
+    def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Remove a snapshot's files; False when there was none. VMs restored from it keep running (their disks
+        are copies, and the memory file they map stays readable until they end)."""
+        target = self.snapshot_dir(snapshot_id)
+        if not target.exists():
+            return False
+        shutil.rmtree(target, ignore_errors=True)
+        return True
+
     async def destroy(self, vm_id: str) -> str | None:
         """Shut down if running, then remove disk file, network configuration and metadata. Idempotent.
 
         Returns how a running VM ended (``"clean"`` after Ctrl-Alt-Del, ``"killed"`` past the grace period,
-        ``"gone"`` when its process had already exited), ``"stopped"`` for a stopped VM, None for an unknown id.
+        ``"gone"`` when its process had already exited), ``"stopped"`` for a stopped or paused VM, None for an
+        unknown id.
         """
         await self.start()
         record = self.vms.get(vm_id)
@@ -645,7 +911,9 @@ class FirecrackerManager:
                 ],
             },
             "active_vms": len(running),
-            "stopped_vms": len(self.vms) - len(running),
+            "stopped_vms": sum(1 for r in self.vms.values() if r.state == "stopped"),
+            "paused_vms": sum(1 for r in self.vms.values() if r.state == "paused"),
+            "snapshots": len(self.list_snapshots()),
             "max_vms": self.config.max_vms,
             "warm_pool": {
                 "target": self.config.warm_pool_size,

@@ -2,22 +2,31 @@
 
 ======================================  ==============================================================================
 ``GET /health``                         200 always; ``{status: "healthy"|"unhealthy", kvm: {available, reason,
-                                        checks}, active_vms, stopped_vms, max_vms, warm_pool, resources, network,
-                                        errors}``
+                                        checks}, active_vms, stopped_vms, paused_vms, snapshots, max_vms, warm_pool,
+                                        resources, network, errors}``
 ``POST /vms``                           ``{id, resource_limits?: {cpu, memory, disk}, network?: "isolated"|
-                                        "default", env?, labels?}`` -> 201 VM (booted; the agent may still be
-                                        starting: connect to ``vsock.uds_path`` with retries)
+                                        "default", env?, labels?, from_snapshot?}`` -> 201 VM (booted, or restored
+                                        from the snapshot; the agent may still be starting: connect to
+                                        ``vsock.uds_path`` with retries)
 ``GET /vms``                            ``{vms: [VM...]}``
 ``GET /vms/{id}``                       VM
 ``DELETE /vms/{id}``                    204 (also for an unknown id: destroy is idempotent)
-``POST /vms/{id}/stop``                 VM, ``state: "stopped"``
-``POST /vms/{id}/resume``               VM, ``state: "running"``
+``POST /vms/{id}/stop``                 VM, ``state: "stopped"`` (a paused VM's memory is discarded)
+``POST /vms/{id}/resume``               VM, ``state: "running"`` (a paused VM's memory is loaded back)
+``POST /vms/{id}/pause``                ``{pause: "memory", vm: VM}``, ``state: "paused"``: memory snapshotted, the
+                                        Firecracker process ended
+``POST /vms/{id}/snapshots/{snap_id}``  201 Snapshot; the VM keeps running (held still while it is written)
+``GET /snapshots``                      ``{snapshots: [Snapshot...]}``
+``GET /snapshots/{snap_id}``            Snapshot
+``DELETE /snapshots/{snap_id}``         204 (also for an unknown id)
 ======================================  ==============================================================================
 
-A VM is ``{id, state: "running"|"stopped", vcpu_count, mem_size_mib, disk_bytes, disk_path, network: {tap,
-host_ip, guest_ip, guest_mac, mode, ...}, vsock: {uds_path, port, guest_cid}, pid, created_at, from_warm_pool,
-boots, last_exit, env, labels}``. Errors have Corral's shape ``{"error": {code, message, details}}`` and status
-(404 ``workspace_not_found``, 409 ``workspace_state_conflict``, 422 ``resource_limit``, 503
+A VM is ``{id, state: "running"|"stopped"|"paused", vcpu_count, mem_size_mib, disk_bytes, disk_path, network:
+{tap, host_ip, guest_ip, guest_mac, mode, ...}, vsock: {uds_path, port, guest_cid}, pid, created_at,
+from_warm_pool, from_snapshot, boots, last_exit, env, labels}``. A Snapshot is ``{id, kind: "memory", size_bytes,
+source_vm, vcpu_count, mem_size_mib, disk_bytes, guest_cid, created_at}``; snapshot ids are the caller's,
+``[a-z0-9-]{1,64}``. Errors have Corral's shape ``{"error": {code, message, details}}`` and status (404
+``workspace_not_found`` / ``snapshot_not_found``, 409 ``workspace_state_conflict``, 422 ``resource_limit``, 503
 ``provider_unavailable`` with ``details.reason`` beginning "KVM not available" on hosts that cannot run VMs).
 
 Reaching the agent: the API does not proxy agent traffic. The provider connects to ``vsock.uds_path`` itself
@@ -31,6 +40,7 @@ Run standalone with ``corral firecracker-manager --host H --port P`` (or ``pytho
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -63,6 +73,8 @@ class CreateVMBody(BaseModel):
     network: Literal["isolated", "default"] = "isolated"
     env: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
+    from_snapshot: str | None = Field(default=None, pattern=r"^[a-z0-9-]{1,64}$")
+    """Restore the VM from this snapshot (its vCPUs, memory size and disk; ``resource_limits`` is not used)."""
 
 
 def create_manager_app(manager: FirecrackerManager, *, close_manager: bool = False) -> FastAPI:
@@ -101,7 +113,7 @@ def create_manager_app(manager: FirecrackerManager, *, close_manager: bool = Fal
             body.id, cpu=limits.cpu, memory_bytes=limits.memory_bytes, disk_bytes=limits.disk_bytes,
             network=body.network, env=body.env, labels=body.labels,
         )  # fmt: skip
-        return (await manager.create(request)).to_json()
+        return (await manager.create(request, from_snapshot=body.from_snapshot)).to_json()
 
     @app.get("/vms")
     async def list_vms() -> dict[str, Any]:
@@ -123,6 +135,27 @@ def create_manager_app(manager: FirecrackerManager, *, close_manager: bool = Fal
     @app.post("/vms/{vm_id}/resume")
     async def resume_vm(vm_id: str) -> dict[str, Any]:
         return (await manager.resume(vm_id)).to_json()
+
+    @app.post("/vms/{vm_id}/pause")
+    async def pause_vm(vm_id: str) -> dict[str, Any]:
+        return {"pause": "memory", "vm": (await manager.pause(vm_id)).to_json()}
+
+    @app.post("/vms/{vm_id}/snapshots/{snapshot_id}", status_code=201)
+    async def snapshot_vm(vm_id: str, snapshot_id: str) -> dict[str, Any]:
+        return (await manager.snapshot(vm_id, snapshot_id)).to_json()
+
+    @app.get("/snapshots")
+    async def list_snapshots() -> dict[str, Any]:
+        return {"snapshots": [snap.to_json() for snap in manager.list_snapshots()]}
+
+    @app.get("/snapshots/{snapshot_id}")
+    async def get_snapshot(snapshot_id: str) -> dict[str, Any]:
+        return manager.get_snapshot(snapshot_id).to_json()
+
+    @app.delete("/snapshots/{snapshot_id}", status_code=204)
+    async def delete_snapshot(snapshot_id: str) -> Response:
+        await asyncio.to_thread(manager.delete_snapshot, snapshot_id)  # a disk copy can take a moment to delete
+        return Response(status_code=204)
 
     return app
 

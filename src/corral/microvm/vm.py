@@ -1,22 +1,36 @@
-"""One microVM: a Firecracker process, configured through its API socket, started, and shut down.
+"""One microVM: a Firecracker process, configured through its API socket, started, paused, snapshotted, restored,
+and shut down.
 
-:meth:`MicroVM.boot` runs ``<firecracker> --api-sock <api socket> --id <vm id>`` (inside the configured
-network namespace, if any), waits for the API, then issues, in this order, the pre-boot calls
+:meth:`MicroVM.boot` runs ``<firecracker> --api-sock <api socket> --id <vm id>`` in the VM's directory (inside the
+configured network namespace, if any), waits for the API, then issues, in this order, the pre-boot calls
 
     PUT /machine-config        {vcpu_count, mem_size_mib, smt: false}
     PUT /boot-source           {kernel_image_path, boot_args}
-    PUT /drives/rootfs         {drive_id: "rootfs", path_on_host: <disk>, is_root_device: true, is_read_only: false}
+    PUT /drives/rootfs         {drive_id: "rootfs", path_on_host: "rootfs.ext4", is_root_device: true, ...}
     PUT /network-interfaces/eth0  {iface_id: "eth0", host_dev_name: <tap>, guest_mac}
-    PUT /vsock                 {guest_cid, uds_path: <vsock socket>}
+    PUT /vsock                 {guest_cid, uds_path: "v.sock"}
     PUT /actions               {action_type: "InstanceStart"}
 
 and returns once Firecracker accepted ``InstanceStart`` (the guest agent's readiness is the caller's to await over
-vsock). :meth:`MicroVM.shutdown` sends ``SendCtrlAltDel``, gives the guest up to 5 s to stop cleanly (the guest
-reboots, which ends the Firecracker process), then kills the process. The process's output goes to
-``<workdir>/firecracker.log``, whose tail is quoted in boot errors.
+vsock). The disk and the vsock socket are given **relative to the VM's directory** (the process's working
+directory) because a snapshot records these paths and Firecracker reopens them as recorded when the snapshot is
+loaded: relative, they resolve to the loading VM's own disk copy and socket, so one VM's snapshot can be restored
+into another VM's directory. Unix socket addresses are limited to 107 bytes, so the provider reaches the vsock
+socket through a short symlink under the manager's ``run/`` directory (``VMSpec.vsock_uds``).
+
+:meth:`MicroVM.shutdown` sends ``SendCtrlAltDel``, gives the guest up to 5 s to stop cleanly (the guest reboots,
+which ends the Firecracker process), then kills the process. Ctrl-Alt-Del is only key codes injected into the
+guest's i8042 controller: a guest whose keyboard driver is not loaded yet, or a kernel without one, never sees
+them, and Firecracker still answers 204; the kill after the grace period is what guarantees the stop.
+
+:meth:`MicroVM.pause_vcpus`, :meth:`MicroVM.create_snapshot` and :meth:`MicroVM.resume_vcpus` wrap
+``PATCH /vm`` and ``PUT /snapshot/create``; :meth:`MicroVM.restore` starts a fresh process and loads a snapshot
+into it (``PUT /snapshot/load``, the only call it makes). The process's output goes to
+``<workdir>/firecracker.log``, whose tail is quoted in errors.
 
 On hosts that cannot boot a VM (Corral's CI: PVM KVM, no firecracker binary) this module is exercised with
-``firecracker_cmd`` pointing at :mod:`corral.testing.firecracker`, which enforces the same API.
+``firecracker_cmd`` pointing at :mod:`corral.testing.firecracker`, which enforces the same API; a real Firecracker
+process restoring real guest memory was not exercised there.
 """
 
 from __future__ import annotations
@@ -27,16 +41,23 @@ import os
 import re
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from corral.errors import ProviderUnavailableError
+from corral.errors import CorralError, ProviderUnavailableError
 from corral.microvm.api_client import FirecrackerAPIError, FirecrackerClient, FirecrackerUnreachableError
 
-__all__ = ["MicroVM", "ShutdownResult", "VMSpec"]
+__all__ = ["DISK_NAME", "VSOCK_NAME", "MicroVM", "ShutdownResult", "VMSpec"]
 
 SHUTDOWN_GRACE_S = 5.0
+TERMINATE_GRACE_S = 5.0
+SNAPSHOT_TIMEOUT_S = 300.0
+"""For ``PUT /snapshot/create`` and ``/snapshot/load``: writing or mapping gigabytes of guest memory takes time."""
+DISK_NAME = "rootfs.ext4"
+"""The root disk's file name in the VM's directory, as Firecracker is given it (relative)."""
+VSOCK_NAME = "v.sock"
+"""The vsock socket's name in the VM's directory, as Firecracker is given it (relative)."""
 LOG_TAIL_BYTES = 2000
 
 
@@ -54,9 +75,16 @@ class VMSpec:
     guest_mac: str | None
     guest_cid: int
     workdir: str
-    """Holds ``firecracker.log``."""
+    """The Firecracker process's working directory: holds ``firecracker.log``, the disk and the vsock socket."""
     api_socket: str
     vsock_uds: str
+    """A short path (a symlink to ``<workdir>/v.sock``) for host processes connecting to the guest."""
+
+    @property
+    def drive_path(self) -> str:
+        """``path_on_host`` as Firecracker gets it: relative when the disk is in the VM's directory."""
+        disk, workdir = os.path.abspath(self.disk_path), os.path.abspath(self.workdir)
+        return os.path.relpath(disk, workdir) if os.path.dirname(disk) == workdir else disk
 
 
 ShutdownResult = str
@@ -86,6 +114,7 @@ class MicroVM:
         self.workdir = Path(spec.workdir)
         self.api_socket = spec.api_socket
         self.vsock_uds = spec.vsock_uds
+        self.vsock_socket = str(self.workdir / VSOCK_NAME)
         self.log_path = self.workdir / "firecracker.log"
         self.process: asyncio.subprocess.Process | None = None
         self.pid: int | None = None
@@ -126,16 +155,23 @@ class MicroVM:
 
     async def _spawn(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        for stale in (self.api_socket, self.vsock_uds):
+        # Firecracker binds the vsock socket itself and refuses a path that exists (also at snapshot load).
+        for stale in (self.api_socket, self.vsock_uds, self.vsock_socket):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
+        os.symlink(self.vsock_socket, self.vsock_uds)
         argv = [*self.firecracker_cmd, "--api-sock", self.api_socket, "--id", firecracker_id(self.spec.vm_id)]
         if self.netns is not None:
             argv = ["ip", "netns", "exec", self.netns, *argv]
         log = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
         try:
             self.process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.workdir,
+                start_new_session=True,
             )
         except OSError as exc:
             raise ProviderUnavailableError(
@@ -162,24 +198,92 @@ class MicroVM:
             await self._wait_api(client)
             await client.put_machine_config(vcpu_count=spec.vcpu_count, mem_size_mib=spec.mem_size_mib, smt=False)
             await client.put_boot_source(kernel_image_path=spec.kernel_path, boot_args=spec.boot_args)
-            await client.put_drive("rootfs", path_on_host=spec.disk_path, is_root_device=True, is_read_only=False)
+            await client.put_drive("rootfs", path_on_host=spec.drive_path, is_root_device=True, is_read_only=False)
             if spec.tap is not None:
                 await client.put_network_interface("eth0", host_dev_name=spec.tap, guest_mac=spec.guest_mac)
-            await client.put_vsock(guest_cid=spec.guest_cid, uds_path=self.vsock_uds)
+            await client.put_vsock(guest_cid=spec.guest_cid, uds_path=VSOCK_NAME)
             await client.start()
         except (FirecrackerAPIError, FirecrackerUnreachableError) as exc:
-            await asyncio.shield(self.kill())
-            tail = self.log_tail()
-            raise ProviderUnavailableError(
-                "firecracker",
-                f"VM {spec.vm_id} failed to boot: {exc.message}" + (f"; its log ends with: {tail}" if tail else ""),
-                details={"vm_id": spec.vm_id, **exc.details},
-            ) from exc
+            raise await self._failed("failed to boot", exc) from exc
         except BaseException:
             await asyncio.shield(self.kill())
             raise
         finally:
             await client.aclose()
+
+    async def restore(self, snapshot_path: str, mem_file_path: str, *, tap: str | None) -> None:
+        """Start a fresh process and load a snapshot into it, resumed (``PUT /snapshot/load``, nothing else).
+
+        What the snapshot recorded is reopened as recorded: the disk and vsock socket by their relative names in
+        this VM's directory (the vsock path must be free: :meth:`_spawn` removed any stale socket), the network
+        interface on ``tap`` through ``network_overrides`` (Firecracker 1.12+; older releases reattach the TAP
+        device named in the snapshot, which another VM may hold). The guest keeps everything else it had in
+        memory: its vsock CID, and the IP configuration it booted with.
+
+        Raises:
+            ProviderUnavailableError: the process did not start or Firecracker refused the load (the process then
+                ends by itself, as Firecracker does after a failed load); the message carries its fault message.
+        """
+        await self._spawn()
+        client = FirecrackerClient(self.api_socket, timeout_s=max(self.api_timeout_s, SNAPSHOT_TIMEOUT_S))
+        try:
+            await self._wait_api(client)
+            await client.load_snapshot(
+                snapshot_path=snapshot_path,
+                mem_file_path=mem_file_path,
+                resume_vm=True,
+                network_overrides={"eth0": tap} if tap is not None else None,
+            )
+        except (FirecrackerAPIError, FirecrackerUnreachableError) as exc:
+            raise await self._failed("failed to load its snapshot", exc) from exc
+        except BaseException:
+            await asyncio.shield(self.kill())
+            raise
+        finally:
+            await client.aclose()
+
+    async def _failed(self, what: str, exc: FirecrackerAPIError | FirecrackerUnreachableError) -> CorralError:
+        await asyncio.shield(self.kill())
+        tail = self.log_tail()
+        return ProviderUnavailableError(
+            "firecracker",
+            f"VM {self.spec.vm_id} {what}: {exc.message}" + (f"; its log ends with: {tail}" if tail else ""),
+            details={"vm_id": self.spec.vm_id, **exc.details},
+        )
+
+    # --- pause and snapshots ------------------------------------------------------------------------------------
+
+    async def _call(
+        self, fn: Callable[[FirecrackerClient], Awaitable[None]], what: str, *, timeout_s: float | None = None
+    ) -> None:
+        async with FirecrackerClient(self.api_socket, timeout_s=timeout_s or self.api_timeout_s) as client:
+            try:
+                await fn(client)
+            except (FirecrackerAPIError, FirecrackerUnreachableError) as exc:
+                tail = self.log_tail()
+                raise ProviderUnavailableError(
+                    "firecracker",
+                    f"VM {self.spec.vm_id}: {what} failed: {exc.message}"
+                    + (f"; its log ends with: {tail}" if tail else ""),
+                    details={"vm_id": self.spec.vm_id, **exc.details},
+                ) from exc
+
+    async def pause_vcpus(self) -> None:
+        """``PATCH /vm {"state": "Paused"}``: the guest stops running; the process and its memory stay."""
+        await self._call(lambda c: c.patch_vm("Paused"), "pause")
+
+    async def resume_vcpus(self) -> None:
+        """``PATCH /vm {"state": "Resumed"}``."""
+        await self._call(lambda c: c.patch_vm("Resumed"), "resume")
+
+    async def create_snapshot(self, snapshot_path: str, mem_file_path: str) -> None:
+        """``PUT /snapshot/create`` (a full snapshot) of the paused VM: its state and its whole memory. Block devices
+        are flushed to their files first; vsock connections are reset (the host must connect again)."""
+        await self._call(
+            lambda c: c.create_snapshot(snapshot_path=snapshot_path, mem_file_path=mem_file_path),
+            "snapshot",
+            timeout_s=max(self.api_timeout_s, SNAPSHOT_TIMEOUT_S),
+        )
 
     async def _wait_api(self, client: FirecrackerClient) -> None:
         deadline = time.monotonic() + self.api_timeout_s
@@ -234,6 +338,16 @@ class MicroVM:
             await asyncio.sleep(0.02)
         return True
 
+    async def terminate(self, grace_s: float = TERMINATE_GRACE_S) -> None:
+        """SIGTERM (a paused VM has no clean shutdown: its snapshot holds everything), then SIGKILL past ``grace_s``."""
+        if self.alive() and self.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGTERM)
+            if await self._wait_exit(grace_s):
+                self._remove_sockets()
+                return
+        await self.kill()
+
     async def kill(self) -> None:
         """SIGKILL the process and wait until it is gone."""
         if self.alive() and self.pid is not None:
@@ -243,6 +357,6 @@ class MicroVM:
         self._remove_sockets()
 
     def _remove_sockets(self) -> None:
-        for path in (self.api_socket, self.vsock_uds):
+        for path in (self.api_socket, self.vsock_uds, self.vsock_socket):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

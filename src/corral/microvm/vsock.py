@@ -21,7 +21,7 @@ __all__ = ["AGENT_PORT", "VsockConnectError", "connect"]
 AGENT_PORT = 1024
 """The guest port ``/sbin/corral-init`` serves the agent on."""
 HANDSHAKE_TIMEOUT_S = 2.0
-"""How long one attempt waits for ``OK``: a guest that accepted the connection answers at once."""
+"""How long one attempt waits for ``OK``: as long as Firecracker keeps an unanswered request (2000 ms)."""
 
 
 class VsockConnectError(CorralError):

@@ -16,9 +16,20 @@ directory on the provider's file system: given in-process, a bind mount for a co
 The VM boots the manager's root filesystem (``CORRAL_FIRECRACKER_ROOTFS``, built from the base image by
 :mod:`corral.microvm.rootfs`); ``WorkspaceSpec.image`` is recorded as a label, not converted per request.
 
+Stop keeps the VM's whole root disk (``persistence: "full"``). The provider is a
+:class:`~corral.providers.base.Snapshotter` through the manager, which uses Firecracker's snapshot API: ``pause``
+snapshots memory and ends the VM's process (``POST /vms/{id}/pause``), ``resume`` loads it back; ``snapshot``
+captures memory, state and a disk copy while the VM keeps running (``POST /vms/{id}/snapshots/{sid}``);
+``restore`` creates a VM from one (``POST /vms`` with ``from_snapshot``: the snapshot's vCPUs, memory and disk,
+the spec's id, network mode, env and labels); ``delete_snapshot`` and ``list_snapshots`` map onto
+``/snapshots``. A VM restored from another VM's snapshot keeps the source's guest IP configuration (it is in the
+guest's memory), which its own TAP device does not route; see :mod:`corral.microvm.manager`.
+
 On a host where KVM cannot boot guests (Corral's CI: PVM KVM, no firecracker binary) ``health`` is unhealthy with
 the probe's reason and ``create`` refuses with it; everything here is tested against the manager running the
-Firecracker API double (:mod:`corral.testing.firecracker`).
+Firecracker API double (:mod:`corral.testing.firecracker`). That double enforces the snapshot calls but cannot
+keep memory: a real Firecracker process restoring real guest memory was not exercised, and under the double a
+paused or restored guest comes back with its disk but with its processes started anew.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -37,6 +48,7 @@ from corral.errors import (
     InvalidRequestError,
     ProviderUnavailableError,
     ResourceLimitError,
+    SnapshotNotFoundError,
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
@@ -50,6 +62,7 @@ from corral.providers.base import (
     Capabilities,
     ExecRequest,
     Health,
+    SnapshotInfo,
     WorkspaceSpec,
     WorkspaceState,
 )
@@ -66,6 +79,7 @@ MANAGER_TIMEOUT_S = 120.0
 
 _ERRORS: dict[str, type[CorralError]] = {
     "workspace_not_found": WorkspaceNotFoundError,
+    "snapshot_not_found": SnapshotNotFoundError,
     "workspace_state_conflict": WorkspaceStateError,
     "resource_limit": ResourceLimitError,
     "invalid_request": InvalidRequestError,
@@ -186,23 +200,80 @@ class FirecrackerProvider(AgentBackedProvider):
         self._env.pop(workspace_id, None)
 
     async def stop(self, workspace_id: str) -> None:
-        """Shut the VM down; its disk file keeps ``/workspace``."""
+        """Shut the VM down; its disk file keeps the whole file system. A paused VM's memory is discarded."""
         await self._vm(workspace_id)
         await self._drop_agent(workspace_id)
         await self._request("POST", f"/vms/{workspace_id}/stop")
 
     async def resume(self, workspace_id: str) -> None:
-        """Boot a new VM on the same disk (no-op when running) and wait for its agent."""
+        """Run the VM again (no-op when running): a paused one from its memory snapshot, a stopped one booted on
+        its disk; then wait for its agent."""
         await self._request("POST", f"/vms/{workspace_id}/resume")
         await self._agent(workspace_id)
 
     async def state(self, workspace_id: str) -> WorkspaceState:
-        """Running or stopped as the manager sees it; missing when it does not know the id."""
+        """Running, paused or stopped as the manager sees it; missing when it does not know the id."""
         try:
             vm = await self._vm(workspace_id)
         except WorkspaceNotFoundError:
             return WorkspaceState.MISSING
-        return WorkspaceState.RUNNING if vm["state"] == "running" else WorkspaceState.STOPPED
+        return {"running": WorkspaceState.RUNNING, "paused": WorkspaceState.PAUSED}.get(
+            vm["state"], WorkspaceState.STOPPED
+        )
+
+    # --- pause and snapshots (Snapshotter) ----------------------------------------------------------------------
+
+    async def pause(self, workspace_id: str) -> Literal["memory", "filesystem"]:
+        """Snapshot the VM's memory and end its process ("memory"); ``resume`` loads it back. Pausing a paused
+        workspace answers "memory"; a stopped one is refused (WorkspaceStateError)."""
+        await self._vm(workspace_id)
+        await self._drop_agent(workspace_id)
+        body = (await self._request("POST", f"/vms/{workspace_id}/pause")).json()
+        kept: Literal["memory", "filesystem"] = "filesystem" if body.get("pause") == "filesystem" else "memory"
+        return kept
+
+    async def snapshot(self, workspace_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Memory, state and a disk copy under ``snapshot_id``; the VM keeps running (held still meanwhile)."""
+        try:
+            body = (await self._request("POST", f"/vms/{workspace_id}/snapshots/{snapshot_id}")).json()
+        finally:
+            # Firecracker resets vsock connections when it writes a snapshot: the next call connects again.
+            await self._drop_agent(workspace_id)
+        return SnapshotInfo(kind=body["kind"], size_bytes=int(body["size_bytes"]))
+
+    async def restore(self, spec: WorkspaceSpec, snapshot_id: str) -> None:
+        """Create workspace ``spec.id`` from a snapshot (its vCPUs, memory and disk; the spec's id, network mode,
+        env and labels) and wait for its agent.
+
+        Raises:
+            SnapshotNotFoundError: the snapshot is gone.
+        """
+        started = time.monotonic()
+        body = {
+            "id": spec.id,
+            "network": spec.network,
+            "env": dict(spec.env),
+            "labels": {**dict(spec.labels), "corral.image": spec.image, "corral.container_type": spec.container_type},
+            "from_snapshot": snapshot_id,
+        }
+        await self._request("POST", "/vms", json=body)
+        try:
+            await self._agent(spec.id)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.destroy(spec.id))
+            raise
+        elapsed = (time.monotonic() - started) * 1000
+        self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Remove the snapshot's files. Idempotent; workspaces restored from it keep running."""
+        await self._request("DELETE", f"/snapshots/{snapshot_id}")
+
+    async def list_snapshots(self) -> list[str]:
+        """Ids of every snapshot the manager holds."""
+        body = (await self._request("GET", "/snapshots")).json()
+        return sorted(str(snap["id"]) for snap in body["snapshots"])
 
     async def list_workspaces(self) -> list[str]:
         """Every VM the manager holds, running or stopped."""
@@ -215,7 +286,7 @@ class FirecrackerProvider(AgentBackedProvider):
         vm = await self._vm(workspace_id)
         if vm["state"] != "running":
             raise WorkspaceStateError(
-                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+                f"workspace {workspace_id} is {vm['state']}; resume it first", details={"id": workspace_id}
             )
 
     def _exec_env(self, workspace_id: str, request: ExecRequest) -> dict[str, str]:
@@ -236,7 +307,7 @@ class FirecrackerProvider(AgentBackedProvider):
             vm = await self._vm(workspace_id)
             if vm["state"] != "running":
                 raise WorkspaceStateError(
-                    f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+                    f"workspace {workspace_id} is {vm['state']}; resume it first", details={"id": workspace_id}
                 )
             self._env[workspace_id] = dict(vm.get("env") or {})
             try:
@@ -308,8 +379,9 @@ class FirecrackerProvider(AgentBackedProvider):
             resources = {"kvm_usable": False, "reason": exc.reason}
         return Capabilities(
             isolation="microvm",
-            persistence=True,
-            snapshots=False,  # Firecracker can snapshot; the manager does not offer it (yet)
+            persistence="full",  # stop keeps the VM's whole root disk file
+            snapshots="memory",
+            pause="memory",
             warm_pool=True,
             streaming=True,
             disk_limit="enforced",

@@ -1,16 +1,58 @@
-"""What Firecracker's API accepts, as the double checks it: the body definitions of ``firecracker.yaml``, validated
-the way serde with ``deny_unknown_fields`` does, and :class:`ApiFault`, the refusal every part of the double raises.
+"""What Firecracker's API accepts, as the double checks it: the body definitions of ``firecracker.yaml`` at the
+version the double claims (:data:`VMM_VERSION`), validated the way serde with ``deny_unknown_fields`` does, the
+prefixes Firecracker puts on its fault messages, and :class:`ApiFault`, the refusal every part of the double raises.
+
+The version is 1.12.0: the first release whose ``PUT /snapshot/load`` takes ``network_overrides`` (restoring a
+snapshot onto another TAP device, which the manager needs to restore one VM's snapshot into another). Fields added
+later are unknown fields here and refused as Firecracker 1.12 refuses them: ``mtu`` on network interfaces (1.16),
+``track_dirty_pages`` on snapshot load (1.13), ``vsock_override`` and ``clock_realtime`` on snapshot load (after
+1.15), and ``huge_pages: "Transparent"`` (only ``None`` and ``2M`` are listed for 1.12).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DESERIALIZE", "SCHEMAS", "ApiFault", "Schema", "validate"]
+__all__ = [
+    "BOOT_SOURCE",
+    "CREATE_SNAPSHOT",
+    "DESERIALIZE",
+    "DRIVE",
+    "INTERNAL",
+    "LOAD_SNAPSHOT",
+    "LOGGER",
+    "MACHINE",
+    "METRICS",
+    "NETWORK",
+    "SCHEMAS",
+    "START",
+    "VMM_VERSION",
+    "VSOCK",
+    "ApiFault",
+    "Schema",
+    "validate",
+    "variant",
+]
+
+VMM_VERSION = "1.12.0"
+"""The Firecracker release whose API the double enforces (``GET /version`` adds ``-corral-double``)."""
 
 DESERIALIZE = "An error occurred when deserializing the json body of a request: "
+# Firecracker's ``VmmActionError`` wraps each component's error in a prefix (``rpc_interface.rs``); the API server
+# answers ``{"fault_message": "<prefix><inner error>"}`` with status 400.
+BOOT_SOURCE = "Boot source error: "
+CREATE_SNAPSHOT = "Create snapshot error: "
+DRIVE = "Drive config error: "
+INTERNAL = "Internal VMM error: "
+LOAD_SNAPSHOT = "Load snapshot error: "
+LOGGER = "Logger error: "
+MACHINE = "Machine config error: "
+METRICS = "Metrics error: "
+NETWORK = "Network config error: "
+START = "Start microvm error: "
+VSOCK = "Vsock config error: "
 
-# name -> (python type, required)
+# name -> field -> (python type, required)
 Schema = dict[str, tuple[type, bool]]
 SCHEMAS: dict[str, Schema] = {
     "MachineConfiguration": {
@@ -38,7 +80,6 @@ SCHEMAS: dict[str, Schema] = {
         "iface_id": (str, True),
         "host_dev_name": (str, True),
         "guest_mac": (str, False),
-        "mtu": (int, False),
         "rx_rate_limiter": (dict, False),
         "tx_rate_limiter": (dict, False),
     },
@@ -58,6 +99,17 @@ SCHEMAS: dict[str, Schema] = {
         "module": (str, False),
     },
     "Metrics": {"metrics_path": (str, True)},
+    "SnapshotCreateParams": {"mem_file_path": (str, True), "snapshot_path": (str, True), "snapshot_type": (str, False)},
+    "SnapshotLoadParams": {
+        "snapshot_path": (str, True),
+        "mem_file_path": (str, False),
+        "mem_backend": (dict, False),
+        "enable_diff_snapshots": (bool, False),
+        "resume_vm": (bool, False),
+        "network_overrides": (list, False),
+    },
+    "MemoryBackend": {"backend_type": (str, True), "backend_path": (str, True)},
+    "NetworkOverride": {"iface_id": (str, True), "host_dev_name": (str, True)},
 }
 
 
@@ -102,6 +154,14 @@ def validate(schema_name: str, body: object) -> dict[str, Any]:
         if kind is int and ok and value < 0:
             ok = False
         if not ok:
-            wanted = {int: "u64", bool: "a boolean", str: "a string", dict: "struct"}[kind]
+            wanted = {int: "u64", bool: "a boolean", str: "a string", dict: "struct", list: "a sequence"}[kind]
             raise ApiFault(f"{prefix}invalid type: {_type_name(value)}, expected {wanted}")
     return body
+
+
+def variant(value: str, allowed: tuple[str, ...]) -> str:
+    """An enum field's value, or serde's ``unknown variant`` refusal."""
+    if value not in allowed:
+        names = ", ".join(f"`{a}`" for a in allowed)
+        raise ApiFault(f"{DESERIALIZE}unknown variant `{value}`, expected one of {names}")
+    return value

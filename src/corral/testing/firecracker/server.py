@@ -33,7 +33,10 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
         with self.server.lock:
-            status, body = self.server.api.handle(self.command, self.path, raw)
+            try:
+                status, body = self.server.api.handle(self.command, self.path, raw)
+            except Exception as exc:  # a bug of the double: answer like Firecracker's "Internal Server Error"
+                status, body = 500, {"fault_message": f"{type(exc).__name__}: {exc}"}
         data = json.dumps(body).encode() if body is not None else b""
         self.send_response(status)
         if body is not None:
@@ -69,8 +72,9 @@ def start_api_server(path: str, api: ApiDouble) -> tuple[_ApiServer, threading.T
     return server, thread
 
 
-def serve(api_sock: str, instance_id: str, guest_mode: str) -> int:
-    """Run like ``firecracker --api-sock PATH --id ID`` until the guest halts or a signal arrives."""
+def serve(api_sock: str, instance_id: str, guest_mode: str, *, keyboard: bool = True) -> int:
+    """Run like ``firecracker --api-sock PATH --id ID`` until the guest halts, a snapshot load fails, or a signal
+    arrives. ``keyboard=False`` models a guest kernel without an i8042 driver (Ctrl-Alt-Del is lost)."""
     main_jobs: queue.Queue[tuple[Callable[[], None], Future[None]]] = queue.Queue()
 
     def run_on_main(fn: Callable[[], None]) -> None:
@@ -81,9 +85,9 @@ def serve(api_sock: str, instance_id: str, guest_mode: str) -> int:
     guest: Guest
     if guest_mode == "chroot":
         enter_private_mount_namespace()
-        guest = ChrootGuest(os.path.abspath(api_sock) + ".root")
+        guest = ChrootGuest(os.path.abspath(api_sock) + ".root", keyboard=keyboard)
     else:
-        guest = NoGuest()
+        guest = NoGuest(keyboard=keyboard)
     api = ApiDouble(instance_id=instance_id, guest=guest, run_on_main=run_on_main)
     server, thread = start_api_server(api_sock, api)
     stop = threading.Event()
@@ -94,7 +98,7 @@ def serve(api_sock: str, instance_id: str, guest_mode: str) -> int:
             try:
                 fn, done = main_jobs.get(timeout=0.05)
             except queue.Empty:
-                if api.started and guest.exited():
+                if api.fatal or (api.guest_booted and guest.exited()):
                     break
                 continue
             try:
@@ -110,7 +114,7 @@ def serve(api_sock: str, instance_id: str, guest_mode: str) -> int:
         guest.cleanup()
         with contextlib.suppress(OSError):
             os.unlink(api_sock)
-    return 0
+    return 1 if api.fatal else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-sock", required=True)
     parser.add_argument("--id", default="anonymous-instance")
     parser.add_argument("--guest", choices=("chroot", "none"), default=os.environ.get("CORRAL_FAKE_GUEST", "chroot"))
+    parser.add_argument(
+        "--no-keyboard", action="store_true", help="the guest has no i8042 driver: SendCtrlAltDel is accepted and lost"
+    )
     parser.add_argument("--version", action="version", version=f"Firecracker v{VMM_VERSION}")
     args = parser.parse_args(argv)
     if os.path.exists(args.api_sock):
         sys.stderr.write(f"fake-firecracker: API socket {args.api_sock} already exists\n")
         return 1
     started = time.monotonic()
-    code = serve(args.api_sock, args.id, args.guest)
+    code = serve(args.api_sock, args.id, args.guest, keyboard=not args.no_keyboard)
     sys.stderr.write(f"fake-firecracker: {args.id} exited after {time.monotonic() - started:.2f} s\n")
     return code
