@@ -94,6 +94,8 @@ def stop_server(server: Server, *, destroy_workspaces: bool = True) -> None:
         if destroy_workspaces and server.process.poll() is None:
             for ws in server.client.get("/api/v1/agent/workspaces").json()["workspaces"]:
                 server.client.delete(f"/api/v1/agent/workspaces/{ws['id']}")
+            for snapshot in server.client.get("/api/v1/agent/snapshots").json().get("snapshots", []):
+                server.client.delete(f"/api/v1/agent/snapshots/{snapshot['id']}")
     finally:
         server.client.close()
         server.process.terminate()

@@ -59,7 +59,8 @@ def test_gvisor_workspace_lifecycle_over_http(server: Server) -> None:
     put = server.client.put(f"{API}/{wid}/files", params={"path": "notes/before-stop.txt"}, content=b"still here")
     assert put.status_code == 200, put.text
     assert server.client.post(f"{API}/{wid}/stop").json()["status"] == "stopped"
-    assert docker_inspect("container", f"corral-{wid}") is None, "stop removes the container"
+    stopped = docker_inspect("container", f"corral-{wid}")
+    assert stopped is not None and not stopped["State"]["Running"], "stop keeps the container (its disk), stopped"  # type: ignore[index]
     assert server.client.post(f"{API}/{wid}/resume").json()["status"] == "ready"
     assert server.client.get(f"{API}/{wid}/files", params={"path": "notes/before-stop.txt"}).content == b"still here"
     assert _exec(server, wid, "cat /workspace/notes/before-stop.txt")["stdout"] == "still here"

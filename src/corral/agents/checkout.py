@@ -26,7 +26,7 @@ from corral.credentials import SplitURL, redact_text, split_url
 from corral.errors import CheckoutError, CorralError, ExecTimeoutError
 from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, WorkspaceCalls
 
-__all__ = ["RepoRef", "checkout", "split_credentials"]
+__all__ = ["RepoRef", "checkout", "resolve_commit", "split_credentials"]
 
 CLONE_TIMEOUT_S = 600.0
 COMMIT_IDENTITY = {"user.name": "Corral Agent", "user.email": "agent@corral.invalid"}
@@ -153,6 +153,33 @@ async def checkout(
         stderr = redact_text(result.stderr.decode(errors="replace").strip())
         raise CheckoutError(f"unpacking the checkout failed: {stderr}")
     return head.strip()
+
+
+async def resolve_commit(repo: RepoRef, *, timeout_s: float = 60.0) -> str:
+    """The commit ``repo``'s branch (or default branch) points at now, asked on the host with ``git ls-remote``
+    (same credentials handling and protocols as :func:`checkout`).
+
+    Raises:
+        CheckoutError: the remote cannot be asked, or has no such branch.
+    """
+    split = split_url(repo.url)
+    ref = f"refs/heads/{repo.branch}" if repo.branch else "HEAD"
+    with tempfile.TemporaryDirectory(prefix="corral-ls-remote-") as tmp:
+        argv = ["git", "ls-remote", "--", split.clean, ref]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, env=_git_env(tmp, split), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise CheckoutError(f"asking {split.clean} for {ref} did not finish within {timeout_s:g} s") from None
+    line = next((ln for ln in out.decode(errors="replace").splitlines() if ln.endswith(f"\t{ref}")), "")
+    if proc.returncode != 0 or not line:
+        reason = _explain(err.decode(errors="replace"), split.clean, repo.branch) if proc.returncode else "no such ref"
+        raise CheckoutError(f"cannot resolve {ref} of {split.clean}: {reason}", details={"url": split.clean})
+    return line.split("\t", 1)[0]
 
 
 async def _capture(argv: list[str], env: dict[str, str]) -> tuple[int, str]:

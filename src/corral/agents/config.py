@@ -35,7 +35,7 @@ REPO_SOURCE_TYPES = ("task_context", "fixed", "none")
 DEFAULT_SETUP_TIMEOUT_S = 300.0
 _FIELDS = {
     "enabled", "provider", "container_type", "repo_source", "tools", "resource_limits", "checkout_on_start",
-    "base_image", "setup_commands", "setup_timeout_s", "network",
+    "base_image", "setup_commands", "setup_timeout_s", "network", "snapshot_after_setup",
 }  # fmt: skip
 
 
@@ -66,6 +66,9 @@ class WorkspaceConfig:
     setup_commands: tuple[str, ...] = ()
     setup_timeout_s: float = DEFAULT_SETUP_TIMEOUT_S
     network: Literal["isolated", "default"] = "isolated"
+    snapshot_after_setup: bool = False
+    """Set up once, start many: the first session of a (repository, commit, setup, image, limits) snapshots its
+    workspace after checkout and setup; later ones restore from that snapshot instead of running them again."""
 
     def to_json(self, *, include_sealed: bool = False) -> dict[str, Any]:
         """The API spelling; ``include_sealed`` adds the sealed credential, for the store's copy only."""
@@ -89,6 +92,7 @@ class WorkspaceConfig:
             "setup_commands": list(self.setup_commands),
             "setup_timeout_s": self.setup_timeout_s,
             "network": self.network,
+            "snapshot_after_setup": self.snapshot_after_setup,
         }
 
 
@@ -129,7 +133,7 @@ def parse_workspace_config(
     unknown = sorted(set(raw) - _FIELDS)
     if unknown:
         problems.append(f"unknown field(s) {unknown}; allowed: {', '.join(sorted(_FIELDS))}")
-    for name in ("enabled", "checkout_on_start"):
+    for name in ("enabled", "checkout_on_start", "snapshot_after_setup"):
         if name in raw and not isinstance(raw[name], bool):
             problems.append(f"{name}: must be true or false, got {raw[name]!r}")
     tools = _parse_tools(raw.get("tools", list(VALID_TOOLS)), problems)
@@ -158,6 +162,7 @@ def parse_workspace_config(
         setup_commands=tuple(commands),
         setup_timeout_s=float(timeout),
         network=raw.get("network", "isolated"),
+        snapshot_after_setup=bool(raw.get("snapshot_after_setup", False)),
     )
 
 

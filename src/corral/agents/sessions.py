@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import uuid
@@ -33,7 +35,7 @@ from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from corral.agents.checkout import RepoRef, checkout
+from corral.agents.checkout import RepoRef, checkout, resolve_commit
 from corral.agents.config import (
     RepoSource,
     WorkspaceConfig,
@@ -66,6 +68,7 @@ from corral.errors import (
     WorkspaceNotFoundError,
 )
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
+from corral.orchestrator.snapshots import SnapshotService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
 from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
 from corral.tools import Toolbox, check_tool_allowed, summarize_arguments
@@ -157,9 +160,14 @@ class TaskContext:
 class AgentService:
     """Agent types, their workspace configs, and sessions with auto-provisioned workspaces."""
 
-    def __init__(self, workspaces: WorkspaceService, box: SecretBox | None = None) -> None:
-        """``box`` seals stored credentials; without one, a key that lives as long as the process is used."""
+    def __init__(
+        self, workspaces: WorkspaceService, box: SecretBox | None = None, *, snapshots: SnapshotService | None = None
+    ) -> None:
+        """``box`` seals stored credentials; without one, a key that lives as long as the process is used.
+        ``snapshots`` serves agent types with ``snapshot_after_setup``; without it they set up every session."""
         self.workspaces = workspaces
+        self.snapshots = snapshots
+        self._setup_commits: dict[str, str | None] = {}  # setup key -> the commit it names (see _setup_key)
         self.store = workspaces.store
         self.box = box if box is not None else SecretBox.ephemeral()
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -477,6 +485,14 @@ class AgentService:
         except CredentialUnavailableError as exc:
             await self._fail(session_id, [exc.message], retried=False)
             return
+        setup_key = await self._setup_key(session_id, config, repo)
+        if not await self._from_setup_snapshot(session_id, setup_key, task, repo):
+            await self._provision_fresh(session_id, config, task, repo, setup_key)
+
+    async def _provision_fresh(
+        self, session_id: str, config: WorkspaceConfig, task: TaskContext, repo: RepoRef | None, setup_key: str | None
+    ) -> None:
+        """Create a workspace, check out and set up, with one retry on another provider."""
         failures: list[str] = []
         tried: set[str] = set()
         for attempt in (1, 2):
@@ -490,8 +506,7 @@ class AgentService:
                 tried.add(record.provider or "")
                 # Recorded at once, so that a server killed from here on finds (and reclaims) it when it restarts.
                 await self.store.sessions.update(session_id, workspace_id=workspace_id)
-                if repo is not None and config.checkout_on_start:
-                    await checkout(self.workspaces.runtime, workspace_id, repo)
+                setup_key = await self._check_out(workspace_id, config, repo, setup_key)
                 warnings = [redact_text(w) for w in await self._run_setup(workspace_id, config)]
             except Exception as exc:
                 message = redact_text(exc.message if isinstance(exc, CorralError) else f"{type(exc).__name__}: {exc}")
@@ -514,12 +529,93 @@ class AgentService:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(self.workspaces.discard(workspace_id))
                 raise
+            if setup_key is not None and not warnings:  # a failed setup is not worth repeating
+                warnings = await self._snapshot_setup(session_id, workspace_id, setup_key, task, repo)
             if warnings:
                 await self.store.sessions.add_warnings(session_id, *warnings)
                 await self.workspaces.add_warnings(workspace_id, *warnings)
             await self._finish(session_id, status="active", workspace_id=workspace_id)
             return
         await self._fail(session_id, failures, retried=len(failures) > 1)
+
+    async def _check_out(
+        self, workspace_id: str, config: WorkspaceConfig, repo: RepoRef | None, setup_key: str | None
+    ) -> str | None:
+        """Check the repository out (when the type does); returns the setup key still valid for what was checked
+        out: None when the branch moved since the key was made (a push meanwhile), so no snapshot is filed under a
+        commit it does not hold."""
+        if repo is None or not config.checkout_on_start:
+            return setup_key
+        head = await checkout(self.workspaces.runtime, workspace_id, repo)
+        if setup_key is not None and self._setup_commits.get(setup_key) != head:
+            return None
+        return setup_key
+
+    # --- set up once, start many ---------------------------------------------------------------------------------
+
+    async def _setup_key(self, session_id: str, config: WorkspaceConfig, repo: RepoRef | None) -> str | None:
+        """What decides the result of checkout and setup, hashed; None when the type does not snapshot (or the
+        commit cannot be told now: then the session sets up as usual)."""
+        if not config.snapshot_after_setup or self.snapshots is None:
+            return None
+        commit = None
+        if repo is not None and config.checkout_on_start:
+            try:
+                commit = await resolve_commit(repo)
+            except CorralError as exc:
+                log.warning("session %s: no setup snapshot (%s)", session_id, redact_text(exc.message))
+                return None
+        limits = ResourceLimits.parse(config.resource_limits, defaults=self.workspaces.default_limits())
+        key = {
+            "repository": clean_url(repo.url) if repo is not None and config.checkout_on_start else None,
+            "branch": repo.branch if repo is not None else None,
+            "commit": commit,
+            "setup_commands": list(config.setup_commands),
+            "image": config.base_image or self.workspaces.settings.base_image,
+            "limits": limits.to_json(),
+            "network": config.network,
+            "container_type": config.container_type,
+            "provider": config.provider,
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+        self._setup_commits[digest] = commit
+        return digest
+
+    async def _from_setup_snapshot(
+        self, session_id: str, setup_key: str | None, task: TaskContext, repo: RepoRef | None
+    ) -> bool:
+        """Start the session from the snapshot an earlier session took after the same setup; False when there is
+        none (or it cannot be restored: then the session sets up as usual)."""
+        if setup_key is None or self.snapshots is None:
+            return False
+        snapshot = await self.store.snapshots.find_setup(setup_key)
+        if snapshot is None:
+            return False
+        metadata = {**_metadata(session_id, task, repo), "setup": {"source": "snapshot", "snapshot_id": snapshot.id}}
+        try:
+            record = await self.snapshots.restore(snapshot.id, metadata=metadata)
+        except Exception as exc:  # whatever went wrong, the session still gets a workspace: set it up as usual
+            log.warning("session %s: setup snapshot %s not restored (%s); setting up", session_id, snapshot.id, exc)
+            return False
+        await self.store.sessions.update(session_id, workspace_id=record.id)
+        await self._finish(session_id, status="active", workspace_id=record.id)
+        log.info("session %s: started from setup snapshot %s (checkout and setup skipped)", session_id, snapshot.id)
+        return True
+
+    async def _snapshot_setup(
+        self, session_id: str, workspace_id: str, setup_key: str, task: TaskContext, repo: RepoRef | None
+    ) -> list[str]:
+        """Snapshot the freshly set-up workspace for later sessions; returns warnings (a failure is one)."""
+        assert self.snapshots is not None
+        try:
+            snapshot = await self.snapshots.create(
+                workspace_id, name=f"setup-{setup_key[:12]}", setup_key=setup_key, metadata={"session_id": session_id}
+            )
+        except CorralError as exc:
+            return [f"could not snapshot the workspace after setup ({exc.message}); the next session sets up again"]
+        metadata = {**_metadata(session_id, task, repo), "setup": {"source": "ran", "snapshot_id": snapshot.id}}
+        await self.workspaces.set_metadata(workspace_id, metadata)
+        return []
 
     async def _finish(self, session_id: str, **fields: Any) -> SessionRecord | None:
         """Set ``fields`` and drop the sealed credentials from the session: provisioning is over, nothing needs them."""

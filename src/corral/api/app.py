@@ -37,10 +37,12 @@ from corral.orchestrator.reaper import Reaper
 from corral.orchestrator.reconcile import reconcile
 from corral.orchestrator.selection import SelectionInputs, fallback_chain
 from corral.orchestrator.service import WorkspaceService
+from corral.orchestrator.snapshots import SnapshotService, reconcile_snapshots
 from corral.providers.base import WorkspaceProvider
 from corral.providers.registry import build_provider
 from corral.settings import Settings
 from corral.store import Store
+from corral.values import parse_size
 
 __all__ = ["create_app", "private_data_dir", "resolve_api_token"]
 
@@ -105,6 +107,12 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         service = WorkspaceService(settings, store, built, monitor, pools=pools)
         await service.probe_providers()  # isolation and host size, so answers name their isolation at once
         await reconcile(service, pool_keys=pools.keys)
+        await reconcile_snapshots(service, store)
+        snapshots = SnapshotService(
+            service,
+            store,
+            storage_limit=parse_size(settings.snapshot_storage_limit, field_name="CORRAL_SNAPSHOT_STORAGE_LIMIT"),
+        )
         disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
         reaper = Reaper(
             service,
@@ -113,7 +121,8 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             interval_s=settings.reaper_interval_s,
         )
         app.state.service = service
-        app.state.agents = agents = AgentService(service, box)
+        app.state.snapshots = snapshots
+        app.state.agents = agents = AgentService(service, box, snapshots=snapshots)
         await agents.protect_stored_credentials()
         await agents.resume_interrupted()
         await monitor.start()
@@ -146,6 +155,7 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         return HealthResponse(status="ok", version=__version__)
 
     app.include_router(workspaces.router, dependencies=[Depends(require_token)])
+    app.include_router(workspaces.snapshots_router, dependencies=[Depends(require_token)])
     app.include_router(agents_api.router, dependencies=[Depends(require_token)])
     # E2B compatibility authenticates the SDK's own way (X-API-KEY, sandbox access tokens): see corral.api.e2b.
     mount_e2b(app)

@@ -10,8 +10,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException
 
 from corral.orchestrator.service import WorkspaceService
+from corral.orchestrator.snapshots import SnapshotService
 
-__all__ = ["ServiceDep", "require_token"]
+__all__ = ["ServiceDep", "SnapshotsDep", "require_token"]
 
 
 # The bearer scheme of the OpenAPI document (Swagger's "Authorize" button). auto_error is off: a missing or foreign
@@ -46,3 +47,11 @@ async def _service(request: Request) -> WorkspaceService:
 
 
 ServiceDep = Annotated[WorkspaceService, Depends(_service)]
+
+
+async def _snapshots(request: Request) -> SnapshotService:
+    snapshots: SnapshotService = request.app.state.snapshots
+    return snapshots
+
+
+SnapshotsDep = Annotated[SnapshotService, Depends(_snapshots)]

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from corral.images.reference import IMAGE_REFERENCE_PATTERN
 from corral.providers.base import FileInfo
-from corral.store import WorkspaceRecord
+from corral.store import SnapshotRecord, WorkspaceRecord
 
 __all__ = [
     "AgentTypeList",
@@ -74,6 +74,25 @@ class CreateWorkspaceBody(_Body):
     ) = None
     network: Literal["isolated", "default"] = "isolated"
     metadata: dict[str, Any] = Field(default_factory=dict)
+    from_snapshot: str | None = Field(
+        None,
+        min_length=1,
+        max_length=64,
+        description="restore from this snapshot: its files, and its processes and memory when it has them; the "
+        "snapshot decides provider, image, limits and network, so those fields must be left out",
+    )
+
+
+class SnapshotBody(_Body):
+    """``POST /api/v1/agent/workspaces/{id}/snapshots``."""
+
+    name: str | None = Field(None, min_length=1, max_length=128)
+
+
+class ForkBody(_Body):
+    """``POST /api/v1/agent/workspaces/{id}/fork``."""
+
+    count: int = Field(1, ge=1, le=16, description="how many forks to make (1-16)")
 
 
 class ExecBody(_Body):
@@ -312,3 +331,65 @@ class AuditResponse(BaseModel):
     """``GET /api/v1/agent/sessions/{id}/audit``."""
 
     entries: list[AuditEntryModel]
+
+
+class PausedWorkspace(WorkspaceModel):
+    """The answer to pause: the workspace, and what the pause kept."""
+
+    pause: Literal["memory", "filesystem"] = Field(
+        description="memory: processes and memory come back on resume (status paused); filesystem: the provider "
+        "cannot checkpoint memory, so this was a stop that keeps the whole disk (status stopped)"
+    )
+
+
+class ForkResponse(BaseModel):
+    """The answer to fork: the new workspaces, each already running."""
+
+    workspaces: list[WorkspaceModel]
+
+
+class SnapshotModel(BaseModel):
+    """A snapshot as the snapshot routes answer it."""
+
+    id: str
+    name: str | None
+    workspace_id: str = Field(description="the workspace it was taken from (which may since have been destroyed)")
+    provider: str
+    kind: Literal["memory", "filesystem"] = Field(
+        description="memory: restores bring back processes and memory; filesystem: files only"
+    )
+    status: Literal["creating", "ready", "error"]
+    size_bytes: int
+    base_image: str
+    container_type: str
+    network: str
+    resource_limits: dict[str, str]
+    metadata: dict[str, Any]
+    error: str | None = None
+    created_at: datetime
+
+    @classmethod
+    def of(cls, record: SnapshotRecord) -> SnapshotModel:
+        """Convert from the store's record."""
+        return cls(
+            id=record.id,
+            name=record.name,
+            workspace_id=record.workspace_id,
+            provider=record.provider,
+            kind=record.kind,
+            status=record.status,
+            size_bytes=record.size_bytes,
+            base_image=record.base_image,
+            container_type=record.container_type,
+            network=record.network,
+            resource_limits=dict(record.resource_limits),
+            metadata=dict(record.metadata),
+            error=record.error,
+            created_at=record.created_at,
+        )
+
+
+class SnapshotList(BaseModel):
+    """``GET /api/v1/agent/snapshots``, newest first."""
+
+    snapshots: list[SnapshotModel]

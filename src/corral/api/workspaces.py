@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from corral.api.deps import ServiceDep
+from corral.api.deps import ServiceDep, SnapshotsDep
 from corral.api.errors import error_responses
 from corral.api.schemas import (
     ChmodBody,
@@ -20,10 +20,16 @@ from corral.api.schemas import (
     ExecBody,
     ExecResponse,
     FileInfoModel,
+    ForkBody,
+    ForkResponse,
     GlobResponse,
     MoveBody,
+    PausedWorkspace,
     PoolStatusResponse,
     ProvidersResponse,
+    SnapshotBody,
+    SnapshotList,
+    SnapshotModel,
     WorkspaceList,
     WorkspaceModel,
     WriteFileResponse,
@@ -34,7 +40,7 @@ from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, Resourc
 from corral.store import WorkspaceRecord
 from corral.streams import relay
 
-__all__ = ["router"]
+__all__ = ["router", "snapshots_router"]
 
 router = APIRouter(prefix="/api/v1/agent/workspaces", tags=["workspaces"])
 
@@ -76,14 +82,28 @@ async def pool_status(service: ServiceDep) -> PoolStatusResponse:
     )
 
 
-@router.post("", status_code=201, responses=error_responses(403, 422, 503))
-async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep) -> WorkspaceModel:
-    """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back.
+@router.post("", status_code=201, responses=error_responses(403, 404, 409, 422, 503, 422))
+async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep, snapshots: SnapshotsDep) -> WorkspaceModel:
+    """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back. With
+    ``from_snapshot`` it is restored from that snapshot instead (404 when it does not exist, 409 when not ready).
 
     Only provider failures fall back: bad input (400), limits no host here can give (422) and a provider the
     operator has not allowed (403, plain ``docker`` unless CORRAL_ALLOW_DOCKER_FALLBACK is true) are refused before
     any provider is tried.
     """
+    if body.from_snapshot is not None:
+        given = sorted(
+            f
+            for f in ("provider", "resource_limits", "base_image", "network", "container_type")
+            if f in body.model_fields_set
+        )
+        if given:
+            raise InvalidRequestError(
+                f"{', '.join(given)}: not allowed with from_snapshot; a restored workspace takes them from its "
+                "snapshot",
+                details={"fields": given},
+            )
+        return _model(service, await snapshots.restore(body.from_snapshot, metadata=body.metadata))
     limits = ResourceLimits.parse(body.resource_limits, defaults=service.default_limits())
     record = await service.create(
         CreateWorkspace(
@@ -124,8 +144,62 @@ async def stop_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceMod
 
 @router.post("/{workspace_id}/resume", responses=error_responses(400, 404, 409, 410, 422, 503))
 async def resume_workspace(workspace_id: str, service: ServiceDep) -> WorkspaceModel:
-    """Resume a stopped workspace."""
+    """Resume a stopped or paused workspace; a paused one gets its processes and memory back."""
     return _model(service, await service.resume(workspace_id))
+
+
+@router.post("/{workspace_id}/pause", responses=error_responses(404, 409, 410, 503))
+async def pause_workspace(workspace_id: str, service: ServiceDep) -> PausedWorkspace:
+    """Pause: free the workspace's CPU and memory. ``pause`` says what was kept: ``memory`` (processes, memory and
+    open files come back on resume) or ``filesystem`` (the provider cannot checkpoint memory: a stop that keeps the
+    whole disk). Commands in flight end; background processes live on in the memory image."""
+    record, kept = await service.pause(workspace_id)
+    return PausedWorkspace(**_model(service, record).model_dump(), pause=kept)
+
+
+@router.post("/{workspace_id}/snapshots", status_code=201, responses=error_responses(404, 409, 410, 503, 422))
+async def create_snapshot(workspace_id: str, body: SnapshotBody, snapshots: SnapshotsDep) -> SnapshotModel:
+    """Snapshot a running workspace: its files, and its processes and memory where the provider can (``kind``).
+    The workspace carries on; it is held only while the checkpoint and copy are taken. 422 past the storage limit."""
+    return SnapshotModel.of(await snapshots.create(workspace_id, name=body.name))
+
+
+@router.post("/{workspace_id}/fork", status_code=201, responses=error_responses(404, 409, 410, 503, 422))
+async def fork_workspace(
+    workspace_id: str, body: ForkBody, service: ServiceDep, snapshots: SnapshotsDep
+) -> ForkResponse:
+    """``count`` new workspaces with the source's files and running processes; the source keeps running. Each
+    fork is independent (its own disk, memory, id and hostname). All or nothing: on a failure none is left."""
+    records = await snapshots.fork(workspace_id, body.count)
+    return ForkResponse(workspaces=[_model(service, r) for r in records])
+
+
+snapshots_router = APIRouter(prefix="/api/v1/agent/snapshots", tags=["snapshots"])
+
+
+@snapshots_router.get("")
+async def list_snapshots(
+    snapshots: SnapshotsDep,
+    workspace_id: Annotated[str | None, Query(description="only snapshots of this workspace")] = None,
+    name: Annotated[str | None, Query(description="only snapshots with this name")] = None,
+) -> SnapshotList:
+    """Snapshots, newest first."""
+    return SnapshotList(
+        snapshots=[SnapshotModel.of(r) for r in await snapshots.find(workspace_id=workspace_id, name=name)]
+    )
+
+
+@snapshots_router.get("/{snapshot_id}", responses=error_responses(404))
+async def get_snapshot(snapshot_id: str, snapshots: SnapshotsDep) -> SnapshotModel:
+    """One snapshot."""
+    return SnapshotModel.of(await snapshots.get(snapshot_id))
+
+
+@snapshots_router.delete("/{snapshot_id}", status_code=204, responses=error_responses(404, 503))
+async def delete_snapshot(snapshot_id: str, snapshots: SnapshotsDep) -> Response:
+    """Delete a snapshot and its files. Workspaces restored from it keep running."""
+    await snapshots.delete(snapshot_id)
+    return Response(status_code=204)
 
 
 @router.post("/{workspace_id}/exec", responses=error_responses(*WORKSPACE_ERRORS, 429))

@@ -36,7 +36,7 @@ class Reaper:
         now = time.time()
         reaped = []
         for record in await self.service.list_workspaces():
-            if record.status not in ("ready", "stopped"):
+            if record.status not in ("ready", "stopped", "paused"):
                 continue
             created = record.created_at.timestamp()
             used = max(

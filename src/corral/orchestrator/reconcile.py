@@ -81,7 +81,7 @@ async def _reconcile_runtime_object(
     service: WorkspaceService, name: str, workspace_id: str, record: WorkspaceRecord | None, report: ReconcileReport
 ) -> None:
     """Destroy a runtime object unless a live record (or an interrupted pool create, handled later) owns it."""
-    if record is not None and record.provider == name and record.status in ("ready", "stopped"):
+    if record is not None and record.provider == name and record.status in ("ready", "stopped", "paused"):
         return
     if record is not None and record.status == "creating" and record.provider == name and record.pool_key:
         return
@@ -109,12 +109,15 @@ async def _reconcile_record(
             await service.discard(workspace_id)
             report.pool_discarded.append(workspace_id)
         return
-    if state is WorkspaceState.MISSING and record.status in ("ready", "stopped", "creating"):
+    if state is WorkspaceState.MISSING and record.status in ("ready", "stopped", "paused", "creating"):
         await service.mark_error(workspace_id, "its runtime objects vanished while the server was down")
         report.marked_vanished.append(workspace_id)
-    elif state is WorkspaceState.STOPPED and record.status == "ready":
+    elif state is WorkspaceState.STOPPED and record.status in ("ready", "paused"):
         await service.mark_status(workspace_id, "stopped")
         report.marked_stopped.append(workspace_id)
-    elif state is WorkspaceState.RUNNING and record.status == "stopped":
+    elif state is WorkspaceState.PAUSED and record.status != "paused":
+        await service.mark_status(workspace_id, "paused")
+        report.marked_stopped.append(workspace_id)
+    elif state is WorkspaceState.RUNNING and record.status in ("stopped", "paused"):
         await service.mark_status(workspace_id, "ready")
         report.marked_ready.append(workspace_id)

@@ -20,7 +20,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,6 +55,8 @@ from corral.providers.base import (
     ExecStream,
     FileInfo,
     ResourceLimits,
+    SnapshotInfo,
+    Snapshotter,
     WorkspaceEvent,
     WorkspaceProvider,
     WorkspaceSpec,
@@ -161,6 +163,7 @@ class WorkspaceService:
         self.providers = dict(providers)
         self.health = health
         self._live: dict[str, tuple[str, str]] = {}  # id -> (provider, status), for the hot paths
+        self._lifecycle: dict[str, asyncio.Lock] = {}  # id -> held by pause, snapshot, stop, resume, destroy
         self._last_used: dict[str, float] = {}  # id -> time.time() of the last exec or file call
         self._profiles: dict[str, ProviderProfile] = {}  # provider -> its capabilities, fetched once
         self.pools: WarmPools | None = None
@@ -509,6 +512,13 @@ class WorkspaceService:
         return self._last_used.get(workspace_id)
 
     async def destroy(self, workspace_id: str) -> WorkspaceRecord:
+        """See :meth:`_destroy`; one lifecycle change at a time."""
+        async with self._held(workspace_id):
+            record = await self._destroy(workspace_id)
+        self._lifecycle.pop(workspace_id, None)
+        return record
+
+    async def _destroy(self, workspace_id: str) -> WorkspaceRecord:
         """Remove the runtime objects and mark the record destroyed. Destroying twice is fine."""
         record = await self.get(workspace_id)
         if record.status == "destroyed":
@@ -520,7 +530,13 @@ class WorkspaceService:
         return await self.store.workspaces.update(workspace_id, status="destroyed")
 
     async def stop(self, workspace_id: str) -> WorkspaceRecord:
-        """Stop a ready workspace; /workspace is kept."""
+        """See :meth:`_stop`; one lifecycle change at a time."""
+        async with self._held(workspace_id):
+            return await self._stop(workspace_id)
+
+    async def _stop(self, workspace_id: str) -> WorkspaceRecord:
+        """Stop a ready (or paused) workspace: its processes end, its disk is kept (all of it where the provider's
+        ``persistence`` is "full"). A paused workspace's memory is discarded."""
         provider, record = await self._operable(workspace_id, allow_stopped=True)
         if record.status == "stopped":
             return record
@@ -528,8 +544,39 @@ class WorkspaceService:
         self._live[workspace_id] = (record.provider or "", "stopped")
         return await self.store.workspaces.update(workspace_id, status="stopped")
 
+    async def pause(self, workspace_id: str) -> tuple[WorkspaceRecord, str]:
+        """See :meth:`_pause`; one lifecycle change at a time."""
+        async with self._held(workspace_id):
+            return await self._pause(workspace_id)
+
+    async def _pause(self, workspace_id: str) -> tuple[WorkspaceRecord, str]:
+        """Pause a ready workspace, freeing its CPU and memory; returns the record and what was kept: "memory"
+        (processes and memory come back on resume; status ``paused``) or "filesystem" (a stop keeping the disk, for
+        providers that cannot checkpoint memory; status ``stopped``)."""
+        provider, record = await self._operable(workspace_id, allow_stopped=True)
+        if record.status == "paused":
+            return record, "memory"
+        if record.status == "stopped":
+            raise WorkspaceStateError(
+                f"workspace {workspace_id} is stopped; resume it before pausing", details={"id": workspace_id}
+            )
+        if isinstance(provider, Snapshotter):
+            kept = await provider.pause(workspace_id)
+        else:
+            await provider.stop(workspace_id)
+            kept = "filesystem"
+        status: WorkspaceStatus = "paused" if kept == "memory" else "stopped"
+        self._live[workspace_id] = (record.provider or "", status)
+        return await self.store.workspaces.update(workspace_id, status=status), kept
+
     async def resume(self, workspace_id: str) -> WorkspaceRecord:
-        """Resume a stopped workspace (a ready one is returned as it is).
+        """See :meth:`_resume`; one lifecycle change at a time."""
+        async with self._held(workspace_id):
+            return await self._resume(workspace_id)
+
+    async def _resume(self, workspace_id: str) -> WorkspaceRecord:
+        """Resume a stopped or paused workspace (a ready one is returned as it is); a paused one gets its processes
+        and memory back.
 
         A workspace in ``error`` whose runtime objects still exist (its agent broke the protocol) is restarted:
         stopped, then resumed with a fresh agent; whatever drove the old one ends with its container.
@@ -599,6 +646,10 @@ class WorkspaceService:
     async def _provider_of(self, workspace_id: str) -> WorkspaceProvider:
         """The provider of a ready workspace (fast path: no database access once cached)."""
         self._last_used[workspace_id] = time.time()
+        held = self._lifecycle.get(workspace_id)
+        if held is not None and held.locked():  # being paused, snapshotted, stopped...: wait for the outcome
+            async with held:
+                pass
         live = self._live.get(workspace_id)
         if live is not None and live[1] == "ready":
             return self.providers[live[0]]
@@ -609,11 +660,12 @@ class WorkspaceService:
         record = await self.get(workspace_id)
         if record.status == "destroyed":
             raise WorkspaceDestroyedError(f"workspace {workspace_id} has been destroyed", details={"id": workspace_id})
-        if record.status == "stopped" and not allow_stopped:
+        if record.status in ("stopped", "paused") and not allow_stopped:
             raise WorkspaceStateError(
-                f"workspace {workspace_id} is stopped; resume it first", details={"id": workspace_id}
+                f"workspace {workspace_id} is {record.status}; resume it first",
+                details={"id": workspace_id, "status": record.status},
             )
-        if record.status not in ("ready", "stopped") or record.provider is None:
+        if record.status not in ("ready", "stopped", "paused") or record.provider is None:
             raise WorkspaceStateError(
                 f"workspace {workspace_id} is {record.status}: {record.error or 'not ready'}",
                 details={"id": workspace_id, "status": record.status},
@@ -722,6 +774,115 @@ class WorkspaceService:
 
     # --- reconciliation's work -------------------------------------------------------------------------------------
 
+    # --- snapshots (records: corral.orchestrator.snapshots) ------------------------------------------------------
+
+    async def snapshotter(self, workspace_id: str) -> tuple[Snapshotter, WorkspaceRecord]:
+        """The provider of a ready workspace, when it takes snapshots.
+
+        Raises:
+            WorkspaceStateError: the workspace is not ready (stopped, paused, error...).
+            InvalidRequestError: its provider cannot take snapshots (capabilities say ``snapshots: "none"``).
+        """
+        provider, record = await self._operable(workspace_id, allow_stopped=False)
+        if not isinstance(provider, Snapshotter):
+            raise InvalidRequestError(
+                f"workspace {workspace_id} runs on {record.provider}, which cannot take snapshots or fork; "
+                "snapshots need a provider whose capabilities say snapshots: memory or filesystem (gvisor, docker)",
+                details={"id": workspace_id, "provider": record.provider},
+            )
+        return provider, record
+
+    async def snapshot_estimate(self, workspace_id: str) -> int:
+        """Bytes a snapshot of the workspace would hold, as far as its provider can tell beforehand (0: unknown)."""
+        provider, _ = await self.snapshotter(workspace_id)
+        estimate = getattr(provider, "snapshot_estimate", None)
+        return int(await estimate(workspace_id)) if estimate is not None else 0
+
+    async def take_snapshot(self, workspace_id: str, snapshot_id: str) -> SnapshotInfo:
+        """The provider's snapshot of a ready workspace (the caller holds the snapshot's record)."""
+        provider, _ = await self.snapshotter(workspace_id)
+        async with self._held(workspace_id):
+            return await provider.snapshot(workspace_id, snapshot_id)
+
+    @contextlib.asynccontextmanager
+    async def _held(self, workspace_id: str) -> AsyncIterator[None]:
+        """One lifecycle change of a workspace at a time (pause, snapshot, stop, resume, destroy), and calls on it
+        wait meanwhile: while its sandbox is checkpointed it looks stopped, and a call that found it so would record
+        it as having died; a stop in the middle of a snapshot would be undone by the snapshot's restore."""
+        lock = self._lifecycle.setdefault(workspace_id, asyncio.Lock())
+        async with lock:
+            yield
+
+    async def restore(
+        self,
+        provider_name: str,
+        snapshot_id: str,
+        *,
+        source: WorkspaceRecord | CreateWorkspace,
+        metadata: Mapping[str, Any],
+    ) -> WorkspaceRecord:
+        """A new ready workspace restored from a snapshot of ``provider_name``, with the limits, network and
+        container type of ``source`` (the snapshot's own, as a record or a request).
+
+        Raises:
+            ProviderUnavailableError: the provider is not configured here or cannot restore snapshots.
+        """
+        provider = self.providers.get(provider_name)
+        if provider is None or not isinstance(provider, Snapshotter):
+            raise ProviderUnavailableError(provider_name, "not configured on this server, or it has no snapshots")
+        if isinstance(source, CreateWorkspace):
+            limits, network, container_type = source.limits, source.network, source.container_type
+            image = source.base_image or self.settings.base_image
+        else:
+            limits = ResourceLimits.parse(source.resource_limits)
+            network, container_type, image = source.network, source.container_type, source.base_image
+        workspace_id = uuid.uuid4().hex[:16]
+        await self.store.workspaces.create(
+            id=workspace_id,
+            requested_provider=provider_name,
+            provider=provider_name,
+            container_type=container_type,
+            resource_limits=limits.to_json(),
+            network=network,
+            base_image=image,
+            metadata=metadata,
+        )
+        spec = WorkspaceSpec(
+            id=workspace_id,
+            image=image,
+            limits=limits,
+            network=network,  # type: ignore[arg-type]  # a stored workspace's, checked when it was created
+            container_type=container_type,  # type: ignore[arg-type]
+        )
+        try:
+            await provider.restore(spec, snapshot_id)
+        except BaseException as exc:
+            reason = exc.message if isinstance(exc, CorralError) else f"restore failed: {type(exc).__name__}"
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.workspaces.update(workspace_id, status="error", error=reason))
+            raise
+        self._live[workspace_id] = (provider_name, "ready")
+        return await self.store.workspaces.update(
+            workspace_id, status="ready", warnings=self._provider_warnings(provider_name)
+        )
+
+    async def remove_snapshot(self, provider_name: str, snapshot_id: str) -> None:
+        """Remove a snapshot's runtime objects (idempotent; a provider not configured here is skipped)."""
+        provider = self.providers.get(provider_name)
+        if provider is not None and isinstance(provider, Snapshotter):
+            await provider.delete_snapshot(snapshot_id)
+
+    async def runtime_snapshot_ids(self) -> dict[str, set[str]]:
+        """Per provider that takes snapshots: the ids it holds runtime objects for (reconciliation)."""
+        out: dict[str, set[str]] = {}
+        for name, provider in self.providers.items():
+            if isinstance(provider, Snapshotter):
+                try:
+                    out[name] = set(await provider.list_snapshots())
+                except CorralError as exc:
+                    log.warning("could not list the snapshots of %s: %s", name, exc.message)
+        return out
+
     async def runtime_ids(self, provider: str) -> set[str]:
         """Ids of every workspace the provider holds runtime objects for (running or stopped)."""
         return set(await self.providers[provider].list_workspaces())
@@ -766,7 +927,7 @@ class WorkspaceService:
 
     async def provider_status(self) -> list[dict[str, Any]]:
         """Per configured provider: cached health, active workspaces, resources and capabilities."""
-        records = await self.store.workspaces.list(status=("ready", "stopped", "creating"))
+        records = await self.store.workspaces.list(status=("ready", "stopped", "paused", "creating"))
         out = []
         for name, provider in self.providers.items():
             health = self.health.latest(name)
