@@ -231,8 +231,8 @@ def test_files(e2b_server: Server, tmp_path: Path) -> None:
 
 
 def test_pause_and_resume_by_connect(e2b_server: Server, tmp_path: Path) -> None:
-    """pause() stops the workspace (commands then raise SandboxNotRunningException) and Sandbox.connect resumes it
-    with its files intact."""
+    """pause() pauses the workspace (commands then raise SandboxNotRunningException) and Sandbox.connect resumes it
+    with its files intact (memory and processes: tests/e2e/test_e2b_stateful.py)."""
     report = run_user_script(
         e2b_server,
         tmp_path,

@@ -7,7 +7,7 @@ Point the SDK at a Corral server and it works as with E2B's cloud::
     E2B_API_KEY=<CORRAL_API_TOKEN>
 
 * :mod:`~corral.api.e2b.control` serves E2B's control plane under ``/e2b`` (sandboxes: create, list, get, kill,
-  timeout, pause, resume/connect), authenticated with ``X-API-KEY``.
+  timeout, pause, resume/connect, fork; snapshots: create, list, delete), authenticated with ``X-API-KEY``.
 * :mod:`~corral.api.e2b.envd` serves envd, the in-sandbox daemon, under ``/e2b/envd`` for every sandbox at once
   (the SDK names the sandbox in the ``E2b-Sandbox-Id`` header), authenticated with the sandbox's
   ``X-Access-Token``; ``/files`` at the root serves the SDK's signed file URLs.
@@ -35,7 +35,7 @@ __all__ = ["E2BState", "e2b_routers", "mount_e2b"]
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     # Runs inside create_app's lifespan (FastAPI nests included routers' lifespans), so the service exists.
-    state = E2BState(app.state.service, app.state.api_token)
+    state = E2BState(app.state.service, app.state.api_token, snapshots=app.state.snapshots)
     app.state.e2b = state
     state.start()
     try:

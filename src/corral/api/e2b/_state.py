@@ -1,8 +1,9 @@
 """What the E2B layer keeps beside the workspace service: per-sandbox extras, access tokens, timeouts, commands.
 
 A sandbox *is* a Corral workspace: the sandbox id is the workspace id, ``running`` is ``ready`` and ``paused`` is
-``stopped``. What E2B knows and Corral does not (template, E2B metadata, environment variables, the timeout) is
-kept in the workspace's metadata under ``"e2b"``, so it survives a restart and shows in Corral's own API.
+``paused`` (processes and memory kept) or ``stopped`` (a filesystem-only pause). What E2B knows and Corral does not
+(template, E2B metadata, environment variables, the timeout, the lifecycle) is kept in the workspace's metadata
+under ``"e2b"``, so it survives a restart and shows in Corral's own API.
 
 Envd access tokens are not stored: each is an HMAC of the sandbox id under ``CORRAL_API_TOKEN``, so any server
 process holding the token can check one, and rotating the API token revokes them all.
@@ -24,6 +25,7 @@ from typing import Any
 from corral.api.e2b._processes import ProcessRegistry
 from corral.errors import CorralError
 from corral.orchestrator.service import WorkspaceService
+from corral.orchestrator.snapshots import SnapshotService
 from corral.store import WorkspaceRecord
 
 __all__ = ["DEFAULT_TIMEOUT_S", "E2BState", "SandboxExtras", "clamp_timeout"]
@@ -47,9 +49,14 @@ class SandboxExtras:
     end_at: float | None = None
     """``time.time()`` at which the sandbox times out; None for workspaces created outside the E2B API."""
     auto_pause: bool = False
-    """On timeout, pause (stop) instead of kill (destroy)."""
+    """On timeout, pause instead of kill (destroy)."""
+    auto_pause_memory: bool = True
+    """An automatic pause keeps processes and memory; False makes it filesystem-only (a stop)."""
+    auto_resume: bool = False
+    """A request to a sandbox paused with its memory resumes it (E2B's ``autoResume``)."""
     started_at: float | None = None
     timeout_s: int = DEFAULT_TIMEOUT_S
+    """The timeout the sandbox was created with; a resume without one (an auto-resume) restarts it, as on E2B."""
     allow_internet_access: bool = True
 
     def to_json(self) -> dict[str, Any]:
@@ -76,14 +83,23 @@ class SandboxExtras:
 class E2BState:
     """The E2B layer's state for one app: extras, tokens, the timeout sweeper and the command registry."""
 
-    def __init__(self, service: WorkspaceService, api_token: str, *, sweep_interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        service: WorkspaceService,
+        api_token: str,
+        *,
+        snapshots: SnapshotService,
+        sweep_interval_s: float = 1.0,
+    ) -> None:
         self.service = service
+        self.snapshots = snapshots
         self._key = api_token.encode()
         self.processes = ProcessRegistry()
         self.sweep_interval_s = sweep_interval_s
         self._envs: dict[str, dict[str, str]] = {}
         self._idempotency: dict[str, tuple[float, str]] = {}
         self._idempotency_locks: dict[str, asyncio.Lock] = {}
+        self._lifecycle_locks: dict[str, asyncio.Lock] = {}
         self._sweeper: asyncio.Task[None] | None = None
 
     # --- tokens ---------------------------------------------------------------------------------------------------
@@ -117,7 +133,7 @@ class E2BState:
             return
         if only_extend and extras.end_at is None and record.metadata.get(METADATA_KEY) is None:
             return  # a workspace created through Corral's API has no E2B timeout; connecting gives it none
-        await self.save(record, replace(extras, end_at=end_at, timeout_s=clamp_timeout(timeout_s)))
+        await self.save(record, replace(extras, end_at=end_at))
 
     async def envs(self, sandbox_id: str) -> dict[str, str]:
         """The sandbox's environment variables (given at create), applied to every command."""
@@ -130,6 +146,50 @@ class E2BState:
     def forget(self, sandbox_id: str) -> None:
         """Drop cached values of a killed sandbox."""
         self._envs.pop(sandbox_id, None)
+        self._lifecycle_locks.pop(sandbox_id, None)
+
+    # --- pause and resume -------------------------------------------------------------------------------------------
+
+    def lifecycle_lock(self, sandbox_id: str) -> asyncio.Lock:
+        """Serialises pause, resume and connect of one sandbox, so two connects resume it once."""
+        return self._lifecycle_locks.setdefault(sandbox_id, asyncio.Lock())
+
+    async def pause(self, sandbox_id: str, *, memory: bool) -> WorkspaceRecord:
+        """Pause a running sandbox: with ``memory``, its processes and memory are kept where the provider can (else
+        its whole disk); without, it is stopped and a resume cold-boots it from its disk. Tracked commands end."""
+        await self.processes.forget(sandbox_id)
+        if memory:
+            record, _ = await self.service.pause(sandbox_id)
+            return record
+        return await self.service.stop(sandbox_id)
+
+    async def wake(self, sandbox_id: str, timeout_s: int | None, *, memory: bool = True) -> WorkspaceRecord:
+        """Resume a paused sandbox (call it holding :meth:`lifecycle_lock`) and restart its timeout: ``timeout_s``
+        from now, or the timeout it was created with. Without ``memory`` a sandbox paused with its memory cold-boots
+        from its disk instead (E2B's ``memory: false``): the memory is dropped, never restored."""
+        record = await self.service.get(sandbox_id)
+        if record.status == "paused" and not memory:
+            await self.service.stop(sandbox_id)
+        record = await self.service.resume(sandbox_id)
+        await self.set_timeout(record, timeout_s if timeout_s is not None else SandboxExtras.of(record).timeout_s)
+        return await self.service.get(sandbox_id)
+
+    async def auto_resume(self, sandbox_id: str) -> bool:
+        """Resume a sandbox created with ``autoResume`` that is paused with its memory, because a request reached it
+        (E2B resumes such a sandbox on traffic; a filesystem-only pause needs an explicit connect). True if it is
+        running now."""
+        async with self.lifecycle_lock(sandbox_id):
+            try:
+                record = await self.service.get(sandbox_id)
+            except CorralError:
+                return False
+            if record.status == "ready":
+                return True
+            if record.status != "paused" or record.pool_key is not None or not SandboxExtras.of(record).auto_resume:
+                return False
+            log.info("e2b: sandbox %s got a request while paused; resuming it (autoResume)", sandbox_id)
+            await self.wake(sandbox_id, None)
+            return True
 
     # --- idempotent create ------------------------------------------------------------------------------------------
 
@@ -163,11 +223,12 @@ class E2BState:
             if extras.end_at is None or extras.end_at > now:
                 continue
             try:
-                await self.processes.forget(record.id)
                 if extras.auto_pause:
                     log.info("e2b: sandbox %s reached its timeout; pausing it", record.id)
-                    await self.service.stop(record.id)
+                    async with self.lifecycle_lock(record.id):
+                        await self.pause(record.id, memory=extras.auto_pause_memory)
                 else:
+                    await self.processes.forget(record.id)
                     log.info("e2b: sandbox %s reached its timeout; killing it", record.id)
                     await self.service.destroy(record.id)
                     self.forget(record.id)

@@ -21,7 +21,8 @@ commands run as the image's user. The home directory, where relative paths, ``~`
 start, is ``/workspace``.
 
 A sandbox that is paused, killed or unknown answers HTTP 502 "The sandbox ... was not found", as E2B's edge proxy
-does, which the SDK reports as ``SandboxNotRunningException``.
+does, which the SDK reports as ``SandboxNotRunningException``. The exception is a sandbox created with
+``autoResume`` and paused with its memory: a request resumes it first, as on E2B.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ async def _sandbox(request: Request, *, signed: bool = False) -> _Sandbox:
     try:
         await state.service.ensure_ready(sandbox_id)
     except _GONE:
-        raise _gone(sandbox_id) from None
+        if not await state.auto_resume(sandbox_id):  # E2B's autoResume: traffic wakes a sandbox paused with memory
+            raise _gone(sandbox_id) from None
     return _Sandbox(state, sandbox_id, state.service.runtime)
 
 
