@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,69 @@ def test_agent_types_sessions_and_tools(server: Server) -> None:
     finally:
         assert ok(server, "sessions", "end", session) == f"{session} ended\n"
     assert_one_line_error(corral(server, "sessions", "tool", session, "bash", "ls"), "error: session_state_conflict: ")
+
+
+@pytest.fixture
+def snapshots_cleaned(server: Server) -> Iterator[None]:
+    """Delete every snapshot a test leaves behind (the server fixture destroys only workspaces)."""
+    yield
+    for snapshot in server.client.get("/api/v1/agent/snapshots").json()["snapshots"]:
+        server.client.delete(f"/api/v1/agent/snapshots/{snapshot['id']}")
+
+
+# A background process that outlives the exec: the agent ends an exec's process group with it, so it leaves with
+# setsid, and the exec waits until it has written its pid (else the group could be killed before setsid ran).
+SLEEPER = (
+    "setsid sh -c 'echo $$ > /tmp/sleeper.pid; exec sleep 3600' >/dev/null 2>&1 < /dev/null & "
+    "while [ ! -s /tmp/sleeper.pid ]; do sleep 0.01; done"
+)
+
+
+def test_pause_snapshot_restore_fork_and_snapshots_commands(server: Server, snapshots_cleaned: None) -> None:
+    """pause prints what was kept and resume brings the process back; snapshot prints the id that snapshots list
+    shows (filtered by workspace and name); create --from-snapshot and fork print new workspaces with the source's
+    files and process; snapshots rm deletes it, and an unknown id is one error line."""
+    ws = ok(server, "workspaces", "create", "--provider", "gvisor").strip()
+    made = [ws]
+    name = f"cli-{secrets.token_hex(4)}"
+    alive = "kill -0 $(cat /tmp/sleeper.pid) && cat /root/data.txt"
+    try:
+        ok(server, "workspaces", "exec", ws, f"{SLEEPER}; echo original > /root/data.txt")
+        assert ok(server, "workspaces", "pause", ws) == f"{ws} paused (memory kept)\n"
+        assert json.loads(ok(server, "workspaces", "show", ws, "--json"))["status"] == "paused"
+        assert_one_line_error(corral(server, "workspaces", "exec", ws, "true"), "error: workspace_state_conflict: ")
+        assert ok(server, "workspaces", "resume", ws) == f"{ws} ready\n"
+        assert ok(server, "workspaces", "exec", ws, alive) == "original\n", "the process came back"
+
+        taken = corral(server, "workspaces", "snapshot", ws, "--name", name)
+        assert taken.returncode == 0, taken.stderr
+        snap = taken.stdout.strip()
+        assert f"snapshot {snap} '{name}' of workspace {ws} ready on gvisor: files, processes and memory" in (
+            taken.stderr
+        )
+        rows = ok(server, "snapshots", "list", "--workspace", ws).splitlines()
+        assert rows[0].split()[:6] == ["ID", "NAME", "WORKSPACE", "KIND", "STATUS", "SIZE"]
+        assert [r.split()[:5] for r in rows[1:]] == [[snap, name, ws, "memory", "ready"]]
+        assert ok(server, "snapshots", "list", "--name", name, "-q") == f"{snap}\n"
+        assert json.loads(ok(server, "snapshots", "show", snap, "--json"))["workspace_id"] == ws
+
+        restored = ok(server, "workspaces", "create", "--from-snapshot", snap).strip()
+        made.append(restored)
+        assert ok(server, "workspaces", "exec", restored, alive) == "original\n"
+        forked = corral(server, "workspaces", "fork", ws, "--count", "2")
+        assert forked.returncode == 0, forked.stderr
+        forks = forked.stdout.split()
+        made += forks
+        assert len(set(forks) - {ws, restored}) == 2
+        for fork in forks:
+            assert ok(server, "workspaces", "exec", fork, alive) == "original\n"
+
+        assert ok(server, "snapshots", "rm", snap) == f"{snap}\n"
+        assert ok(server, "snapshots", "list", "--workspace", ws) == "no snapshots\n", "fork left no snapshot"
+        assert_one_line_error(corral(server, "snapshots", "rm", snap), "error: snapshot_not_found: ")
+        assert ok(server, "workspaces", "exec", restored, "cat /root/data.txt") == "original\n"
+    finally:
+        ok(server, "workspaces", "rm", *made)
 
 
 def test_readme_cli_example_runs_as_printed(server: Server) -> None:

@@ -3,21 +3,26 @@ and the README's SDK examples run as they are printed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from corral.client import (
     AsyncCorral,
+    AsyncWorkspace,
     Corral,
+    InvalidRequestError,
     ProviderNotFoundError,
     SessionNotFoundError,
     SessionStateError,
+    SnapshotNotFoundError,
     ToolError,
     ToolNotAllowedError,
     WorkspaceDestroyedError,
@@ -146,6 +151,142 @@ def test_sync_twin_end_to_end(server: Server) -> None:
         assert ws.files.read("a.txt") == b"A"
         assert ws.id in [w.id for w in corral.workspaces.list()]
     assert ws.status == "destroyed"
+
+
+# The agent ends an exec's process group with it, so the counter leaves it with setsid; the exec waits until the
+# counter has written its pid. Memory was kept when, after a resume or restore, the same pid counts on.
+COUNTER = (
+    "setsid sh -c 'echo $$ > /tmp/counter.pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/counter; "
+    "sleep 0.05; done' >/dev/null 2>&1 < /dev/null & while [ ! -s /tmp/counter.pid ]; do sleep 0.01; done"
+)
+
+
+@pytest.fixture
+def snapshots_cleaned(server: Server) -> Iterator[None]:
+    """Delete every snapshot a test leaves behind (the server fixture destroys only workspaces)."""
+    yield
+    for snapshot in server.client.get("/api/v1/agent/snapshots").json()["snapshots"]:
+        server.client.delete(f"/api/v1/agent/snapshots/{snapshot['id']}")
+
+
+async def _counter(ws: AsyncWorkspace) -> tuple[int, int]:
+    """(pid, count) of the workspace's counter (read again when caught between its truncate and its write)."""
+    out: list[str] = []
+    for _ in range(20):
+        out = (await ws.exec("cat /tmp/counter.pid /tmp/counter")).stdout.split()
+        if len(out) == 2:
+            return int(out[0]), int(out[1])
+    raise AssertionError(f"no counter in {ws.id}: {out}")
+
+
+async def _counting_on(ws: AsyncWorkspace, pid: int, past: int, *, deadline_s: float = 20) -> int:
+    """Poll until the counter with ``pid`` has passed ``past``; its count then."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        now_pid, count = await _counter(ws)
+        assert now_pid == pid, f"{ws.id}: a different counter process ({now_pid}, was {pid}): memory was not kept"
+        if count > past:
+            return count
+        assert time.monotonic() < deadline, f"{ws.id}: the counter stayed at {count}"
+        await asyncio.sleep(0.05)
+
+
+async def test_pause_keeps_memory_and_resume_brings_it_back(corral: AsyncCorral) -> None:
+    """``ws.pause()`` on gVisor answers ``memory`` and leaves the workspace paused (exec refused); resume brings
+    back the same counting process and the files in /tmp, three cycles in a row."""
+    async with await corral.workspaces.create(provider="gvisor") as ws:
+        await ws.exec(COUNTER + "; echo kept > /tmp/note")
+        pid, count = await _counter(ws)
+        for _ in range(3):
+            assert await ws.pause() == "memory"
+            assert ws.status == "paused" and (await corral.workspaces.get(ws.id)).status == "paused"
+            with pytest.raises(WorkspaceStateError):
+                await ws.exec("true")
+            assert await ws.pause() == "memory", "pausing a paused workspace answers what it holds"
+            assert (await ws.resume()).status == "ready"
+            count = await _counting_on(ws, pid, count)
+        assert (await ws.exec("cat /tmp/note")).stdout == "kept\n"
+
+
+async def test_snapshot_restore_list_and_delete(corral: AsyncCorral, snapshots_cleaned: None) -> None:
+    """A named snapshot holds memory; list finds it by workspace and by name, get returns it; a workspace created
+    from it has the source's files and counting process and is independent of it; once deleted the snapshot is
+    gone (SnapshotNotFoundError) while the restored workspace keeps running."""
+    name = f"sdk-{secrets.token_hex(4)}"
+    async with await corral.workspaces.create(provider="gvisor") as source:
+        await source.exec(COUNTER + "; echo original > /root/data.txt")
+        pid, count = await _counter(source)
+        snapshot = await source.snapshot(name)
+        assert (snapshot.name, snapshot.workspace_id, snapshot.status, snapshot.kind) == (
+            name, source.id, "ready", "memory",
+        )  # fmt: skip
+        assert snapshot.size_bytes > 0 and snapshot.provider == "gvisor"
+        count = await _counting_on(source, pid, count)  # the source carries on
+        assert [s.id for s in await corral.snapshots.list(workspace_id=source.id)] == [snapshot.id]
+        assert [s.id for s in await corral.snapshots.list(name=name)] == [snapshot.id]
+        assert await corral.snapshots.list(name=f"{name}-other") == []
+        assert await corral.snapshots.get(snapshot.id) == snapshot
+        with pytest.raises(InvalidRequestError, match="provider: not allowed with from_snapshot"):
+            await corral.workspaces.create(from_snapshot=snapshot.id, provider="gvisor")
+
+        async with await corral.workspaces.create(from_snapshot=snapshot.id, metadata={"k": "v"}) as restored:
+            assert (restored.status, restored.info.provider) == ("ready", "gvisor")
+            assert restored.id != source.id
+            assert restored.info.metadata["k"] == "v"
+            assert (await restored.exec("cat /root/data.txt")).stdout == "original\n"
+            await _counting_on(restored, pid, 0)
+            await restored.exec("echo changed > /root/data.txt")
+            assert (await source.exec("cat /root/data.txt")).stdout == "original\n"
+
+            await corral.snapshots.delete(snapshot.id)
+            with pytest.raises(SnapshotNotFoundError):
+                await corral.snapshots.get(snapshot.id)
+            with pytest.raises(SnapshotNotFoundError):
+                await corral.snapshots.delete(snapshot.id)
+            assert await corral.snapshots.list(workspace_id=source.id) == []
+            assert (await restored.exec("cat /root/data.txt")).stdout == "changed\n", "deleting left it running"
+
+
+async def test_fork_gives_independent_running_copies(corral: AsyncCorral, snapshots_cleaned: None) -> None:
+    """``ws.fork(2)`` returns two ready workspaces with the source's files and counting process, their own ids and
+    hostnames; a write in one is seen by neither the other nor the source, which keeps running."""
+    async with await corral.workspaces.create(provider="gvisor") as source:
+        await source.exec(COUNTER + "; echo shared > /workspace/shared.txt")
+        pid, count = await _counter(source)
+        forks = await source.fork(2)
+        try:
+            assert len(forks) == 2 and all(f.status == "ready" for f in forks)
+            assert len({source.id, *(f.id for f in forks)}) == 3
+            hostnames = [(await w.exec("hostname")).stdout for w in (source, *forks)]
+            assert len(set(hostnames)) == 3, hostnames
+            for fork in forks:
+                assert await fork.files.read_text("shared.txt") == "shared\n"
+                await _counting_on(fork, pid, 0)
+            await forks[0].files.write("mine.txt", "fork 0")
+            assert not await forks[1].files.exists("mine.txt")
+            assert not await source.files.exists("mine.txt")
+            await _counting_on(source, pid, count)
+        finally:
+            for fork in forks:
+                await fork.destroy()
+    assert await corral.snapshots.list(workspace_id=source.id) == [], "fork's own snapshot is not left behind"
+
+
+def test_sync_twin_pause_snapshot_restore_fork(server: Server, snapshots_cleaned: None) -> None:
+    """The sync client pauses and resumes, snapshots, restores, lists, forks and deletes without await."""
+    with Corral(server.url, TOKEN) as corral, corral.workspaces.create(provider="gvisor") as ws:
+        ws.files.write("a.txt", "A")
+        assert (ws.pause(), ws.status) == ("memory", "paused")
+        assert ws.resume().status == "ready"
+        snapshot = ws.snapshot()
+        assert snapshot.name is None and snapshot.id in [s.id for s in corral.snapshots.list()]
+        with corral.workspaces.create(from_snapshot=snapshot.id) as restored:
+            assert restored.files.read("a.txt") == b"A"
+        (fork,) = ws.fork()
+        with fork:
+            assert fork.files.read("a.txt") == b"A" and fork.id != ws.id
+        corral.snapshots.delete(snapshot.id)
+        assert corral.snapshots.list(workspace_id=ws.id) == []
 
 
 def _run_example(server: Server, name: str) -> str:

@@ -138,7 +138,7 @@ def test_exec_prints_both_streams_and_exits_with_the_commands_code(monkeypatch: 
 def test_image_build_off_a_terminal_prints_every_line_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without a terminal (make, CI) every progress line goes to stderr unchanged, and the up-to-date and failure
     messages are the ones scripts already know."""
-    lines = ["compiling the statx shim for gVisor", "  gcc ok", "built corral/workspace:base"]
+    lines = ["compiling the xattr shim for gVisor", "  gcc ok", "built corral/workspace:base"]
 
     def build(tag: str, *, if_missing: bool, progress: Callable[[str], None]) -> bool:
         for line in lines:
@@ -164,10 +164,82 @@ def test_image_build_on_a_terminal_shows_a_spinner_and_ticks_finished_steps() ->
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=100, color_system=None)
     with BuildDisplay(console) as display:
-        display.line("compiling the statx shim for gVisor")
+        display.line("compiling the xattr shim for gVisor")
         display.line("  secret tool chatter")
         display.line("importing 200 MiB root filesystem")
     text = out.getvalue()
-    assert "✓ compiling the statx shim for gVisor" in text
+    assert "✓ compiling the xattr shim for gVisor" in text
     assert "✓ importing 200 MiB root filesystem" in text
     assert "secret tool chatter" not in text.split("✓ compiling")[1].split("\n")[0]
+
+
+SNAPSHOT = {"id": "s1", "name": "after-setup", "workspace_id": "w1", "provider": "gvisor", "kind": "memory",
+            "status": "ready", "size_bytes": 3 * 1024**2 // 2, "created_at": "2025-01-02T03:04:05Z"}  # fmt: skip
+
+
+def test_snapshot_prints_its_id_and_reports_what_it_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workspaces snapshot`` posts the name and prints only the id on stdout (for ``SNAP=$(...)``); stderr says
+    what it holds and how big it is; --json prints the API's snapshot."""
+    sent: list[Any] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/snapshots"):
+            sent.append(json.loads(request.content))
+            return httpx.Response(201, json=SNAPSHOT)
+        return httpx.Response(200, json={"id": "w1", "status": "ready"})
+
+    _serve(monkeypatch, handler)
+    result = runner.invoke(app, ["workspaces", "snapshot", "w1", "--name", "after-setup"])
+    assert (result.exit_code, result.stdout) == (0, "s1\n")
+    assert result.stderr == (
+        "snapshot s1 'after-setup' of workspace w1 ready on gvisor: files, processes and memory, 1.5M\n"
+    )
+    assert json.loads(runner.invoke(app, ["workspaces", "snapshot", "w1", "--json"]).stdout)["kind"] == "memory"
+    assert sent == [{"name": "after-setup"}, {}]
+
+
+def test_fork_prints_one_id_per_fork_and_checks_the_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``workspaces fork --count 3`` posts the count and prints each fork's id; a count outside 1-16 is a usage
+    error (exit 2) that sends nothing."""
+    requests: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        if request.url.path.endswith("/fork"):
+            count = json.loads(request.content)["count"]
+            forks = [{"id": f"f{i}", "status": "ready", "provider": "gvisor"} for i in range(count)]
+            return httpx.Response(201, json={"workspaces": forks})
+        return httpx.Response(200, json={"id": "w1", "status": "ready"})
+
+    _serve(monkeypatch, handler)
+    result = runner.invoke(app, ["workspaces", "fork", "w1", "--count", "3"])
+    assert (result.exit_code, result.stdout) == (0, "f0\nf1\nf2\n")
+    assert "workspace f2 ready on gvisor" in result.stderr
+    assert json.loads(requests[-1].content) == {"count": 3}
+    sent = len(requests)
+    assert runner.invoke(app, ["workspaces", "fork", "w1", "--count", "17"]).exit_code == 2
+    assert len(requests) == sent
+
+
+def test_snapshots_list_filters_and_prints_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``snapshots list --workspace --name`` sends both filters; the table has a row per snapshot with its size
+    readable and a failed one's error; -q prints the ids and --json the API's list."""
+    failed = {**SNAPSHOT, "id": "s0", "name": None, "kind": "filesystem", "status": "error", "size_bytes": 0,
+              "error": "checkpoint failed"}  # fmt: skip
+    queries: list[dict[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        queries.append(dict(request.url.params))
+        return httpx.Response(200, json={"snapshots": [SNAPSHOT, failed]})
+
+    _serve(monkeypatch, handler)
+    table = runner.invoke(app, ["snapshots", "list", "--workspace", "w1", "--name", "after-setup"])
+    assert table.exit_code == 0, table.output
+    assert queries == [{"workspace_id": "w1", "name": "after-setup"}]
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == ["ID", "NAME", "WORKSPACE", "KIND", "STATUS", "SIZE", "PROVIDER", "CREATED"]
+    assert rows[0].split()[:7] == ["s1", "after-setup", "w1", "memory", "ready", "1.5M", "gvisor"]
+    assert rows[1].split()[:5] == ["s0", "-", "w1", "filesystem", "error:"] and "checkpoint failed" in rows[1]
+    assert runner.invoke(app, ["snapshots", "list", "-q"]).stdout == "s1\ns0\n"
+    assert [s["id"] for s in json.loads(runner.invoke(app, ["snapshots", "list", "--json"]).stdout)] == ["s1", "s0"]
+    assert queries[-1] == {}, "no filter given, none sent"

@@ -238,3 +238,84 @@ def test_url_and_token_come_from_arguments_the_environment_or_the_token_file(
     assert (request.url.host, request.headers["Authorization"]) == ("env.test", "Bearer from-env")
     request = call(base_url="http://arg.test", token="from-arg")
     assert (request.url.host, request.headers["Authorization"]) == ("arg.test", "Bearer from-arg")
+
+
+SNAPSHOT = {
+    "id": "s1", "name": "after-setup", "workspace_id": "w1", "provider": "gvisor", "kind": "memory",
+    "status": "ready", "size_bytes": 1_048_576, "base_image": "corral/workspace:base",
+    "container_type": "agent_workspace", "network": "isolated", "resource_limits": {"cpu": "2"}, "metadata": {},
+    "error": None, "created_at": "2025-01-02T03:04:05Z",
+}  # fmt: skip
+SNAPSHOTS = "/api/v1/agent/snapshots"
+
+
+async def test_pause_snapshot_and_fork_send_their_routes_and_parse_the_answers() -> None:
+    """pause returns what was kept and refreshes the workspace from the same answer; snapshot posts only the
+    name given and returns a Snapshot; fork posts the count and wraps each new workspace."""
+    forks = [{**WORKSPACE, "id": "f1"}, {**WORKSPACE, "id": "f2"}]
+    recorder = Recorder({
+        ("GET", WS): _json(WORKSPACE),
+        ("POST", f"{WS}/pause"): _json({**WORKSPACE, "status": "paused", "pause": "memory"}),
+        ("POST", f"{WS}/snapshots"): _json(SNAPSHOT, 201),
+        ("POST", f"{WS}/fork"): _json({"workspaces": forks}, 201),
+    })  # fmt: skip
+    async with _client(recorder) as client:
+        ws = await client.workspaces.get("w1")
+        assert await ws.pause() == "memory"
+        assert ws.status == "paused", "the pause answer refreshed the workspace without another GET"
+        assert recorder.requests[-1].content == b"", "pause takes no body"
+        snapshot = await ws.snapshot("after-setup")
+        assert recorder.body() == {"name": "after-setup"}
+        await ws.snapshot()
+        assert recorder.body() == {}, "no name: the server's default applies"
+        copies = await ws.fork(2)
+        assert recorder.body() == {"count": 2}
+    assert (snapshot.id, snapshot.kind, snapshot.size_bytes, snapshot.workspace_id) == ("s1", "memory", 1 << 20, "w1")
+    assert snapshot.created_at is not None and snapshot.created_at.year == 2025
+    assert [(c.id, c.status, type(c).__name__) for c in copies] == [
+        ("f1", "ready", "AsyncWorkspace"), ("f2", "ready", "AsyncWorkspace"),
+    ]  # fmt: skip
+    assert [r.method for r in recorder.requests] == ["GET", "POST", "POST", "POST", "POST"]
+
+
+async def test_snapshots_resource_and_create_from_snapshot() -> None:
+    """snapshots.list sends only the filters given, get and delete hit the snapshot's route (id quoted), and
+    workspaces.create(from_snapshot=...) sends the id with nothing the snapshot fixes."""
+    recorder = Recorder({
+        ("GET", SNAPSHOTS): _json({"snapshots": [SNAPSHOT, {**SNAPSHOT, "id": "s0", "name": None}]}),
+        ("GET", f"{SNAPSHOTS}/s1"): _json(SNAPSHOT),
+        ("DELETE", f"{SNAPSHOTS}/a/b"): lambda _: httpx.Response(204),
+        ("POST", "/api/v1/agent/workspaces"): _json({**WORKSPACE, "id": "w2"}, 201),
+    })  # fmt: skip
+    async with _client(recorder) as client:
+        assert [s.id for s in await client.snapshots.list()] == ["s1", "s0"]
+        assert dict(recorder.requests[-1].url.params) == {}
+        await client.snapshots.list(workspace_id="w1", name="after-setup")
+        assert dict(recorder.requests[-1].url.params) == {"workspace_id": "w1", "name": "after-setup"}
+        assert (await client.snapshots.get("s1")).name == "after-setup"
+        await client.snapshots.delete("a/b")
+        assert recorder.requests[-1].url.raw_path == b"/api/v1/agent/snapshots/a%2Fb"
+        restored = await client.workspaces.create(from_snapshot="s1", metadata={"k": "v"})
+        assert recorder.body() == {"from_snapshot": "s1", "metadata": {"k": "v"}}
+    assert restored.id == "w2"
+
+
+def test_sync_twin_sends_the_same_stateful_requests() -> None:
+    """The sync client's pause, snapshot, fork and snapshots calls build the same requests as the async ones."""
+    recorder = Recorder({
+        ("GET", WS): _json(WORKSPACE),
+        ("POST", f"{WS}/pause"): _json({**WORKSPACE, "status": "stopped", "pause": "filesystem"}),
+        ("POST", f"{WS}/snapshots"): _json(SNAPSHOT, 201),
+        ("POST", f"{WS}/fork"): _json({"workspaces": [{**WORKSPACE, "id": "f1"}]}, 201),
+        ("GET", SNAPSHOTS): _json({"snapshots": [SNAPSHOT]}),
+        ("DELETE", f"{SNAPSHOTS}/s1"): lambda _: httpx.Response(204),
+    })  # fmt: skip
+    with Corral("http://corral.test", "tok", transport=httpx.MockTransport(recorder)) as client:
+        ws = client.workspaces.get("w1")
+        assert (ws.pause(), ws.status) == ("filesystem", "stopped")
+        assert ws.snapshot(name="n").id == "s1" and recorder.body() == {"name": "n"}
+        assert [f.id for f in ws.fork(1)] == ["f1"] and recorder.body() == {"count": 1}
+        assert [s.id for s in client.snapshots.list(name="n")] == ["s1"]
+        assert dict(recorder.requests[-1].url.params) == {"name": "n"}
+        client.snapshots.delete("s1")
+    assert [(r.method, r.url.path) for r in recorder.requests][-1] == ("DELETE", f"{SNAPSHOTS}/s1")

@@ -17,6 +17,7 @@ from corral.client import (
     AsyncFiles,
     AsyncSession,
     AsyncSessions,
+    AsyncSnapshots,
     AsyncTools,
     AsyncWorkspace,
     AsyncWorkspaces,
@@ -24,6 +25,7 @@ from corral.client import (
     Files,
     Session,
     Sessions,
+    Snapshots,
     Tools,
     Workspace,
     Workspaces,
@@ -37,6 +39,7 @@ TWINS = [
     (AsyncWorkspaces, Workspaces),
     (AsyncWorkspace, Workspace),
     (AsyncFiles, Files),
+    (AsyncSnapshots, Snapshots),
     (AsyncAgentTypes, AgentTypes),
     (AsyncSessions, Sessions),
     (AsyncSession, Session),
@@ -119,6 +122,7 @@ def test_package_exports_exactly_its_public_api() -> None:
         "DEFAULT_URL", "ERROR_CODES", "error_class",
         "AsyncCorral", "Corral",
         "AsyncWorkspaces", "Workspaces", "AsyncWorkspace", "Workspace", "AsyncFiles", "Files",
+        "AsyncSnapshots", "Snapshots", "Snapshot",
         "AsyncAgentTypes", "AgentTypes", "AsyncSessions", "Sessions", "AsyncSession", "Session", "AsyncTools", "Tools",
         "AgentType", "AuditEntry", "BashResult", "ExecResult", "FileInfo", "GitResult", "GlobResult", "GrepMatch",
         "GrepResult", "PoolReport", "PoolStatus", "ProviderAttempt", "ProviderStatus", "ReadResult", "SessionInfo",
@@ -129,7 +133,7 @@ def test_package_exports_exactly_its_public_api() -> None:
         "WorkspaceStateError", "WorkspaceBrokenError", "TooManyRequestsError", "ExecTimeoutError", "ResourceLimitError",
         "FileOperationError", "WorkspaceFileNotFoundError", "ToolError", "ToolNotAllowedError", "UnknownToolError",
         "AgentTypeNotFoundError", "SessionNotFoundError", "NoWorkspaceError", "SessionStateError",
-        "SessionDegradedError", "CheckoutError", "CredentialUnavailableError",
+        "SessionDegradedError", "CheckoutError", "CredentialUnavailableError", "SnapshotNotFoundError",
     }  # fmt: skip
     assert set(corral.client.__all__) == expected
     assert len(corral.client.__all__) == len(expected), "no duplicates"

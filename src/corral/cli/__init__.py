@@ -5,8 +5,8 @@ synchronous SDK (:class:`corral.client.Corral`). An error the server reports is 
 ``error: <code>: <message>``, with exit code 1; nothing a user sees is ever a traceback.
 
 This module holds the root app, its options (``--url``, ``--token``) and the entry point; each command group lives in
-its own module (``serve``, ``images``, ``providers``, ``mcp``, ``workspaces``, ``agent_types``, ``sessions``), and
-what they share in ``_common``.
+its own module (``serve``, ``images``, ``providers``, ``mcp``, ``workspaces``, ``snapshots``, ``agent_types``,
+``sessions``), and what they share in ``_common``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import agent_types, images, mcp, providers, serve, sessions, workspaces
+from corral.cli import agent_types, images, mcp, providers, serve, sessions, snapshots, workspaces
 from corral.cli._common import Remote
 
 __all__ = ["app", "main"]
@@ -45,6 +45,7 @@ app.command()(providers.pool)
 app.command()(mcp.mcp)
 app.add_typer(images.app, name="image")
 app.add_typer(workspaces.app, name="workspaces")
+app.add_typer(snapshots.app, name="snapshots")
 app.add_typer(agent_types.app, name="agent-types")
 app.add_typer(sessions.app, name="sessions")
 

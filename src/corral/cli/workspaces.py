@@ -1,4 +1,4 @@
-"""``corral workspaces``: create, list, show, exec in, stop, resume and remove workspaces."""
+"""``corral workspaces``: create, list, show, exec in, pause, stop, resume, snapshot, fork and remove workspaces."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli._common import JsonFlag, connect, describe, print_json, show, stderr_console
+from corral.cli.snapshots import report_snapshot
 
 if TYPE_CHECKING:
     from corral.client import WorkspaceInfo
 
-app = typer.Typer(help="Create, run commands in, stop, resume and remove workspaces.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, run commands in, pause, stop, resume, snapshot, fork and remove workspaces.", no_args_is_help=True
+)
 
 
 def _pairs(values: Sequence[str], option: str) -> dict[str, str]:
@@ -55,7 +58,9 @@ def _report_workspace(info: WorkspaceInfo) -> None:
 def workspaces_create(
     ctx: typer.Context,
     *,
-    provider: Annotated[str, typer.Option(help="auto, gvisor, docker, firecracker, e2b...")] = "auto",
+    provider: Annotated[
+        str | None, typer.Option(help="auto (the default), gvisor, docker, firecracker, e2b...", show_default=False)
+    ] = None,
     cpu: Annotated[str | None, typer.Option(help="CPUs, e.g. 2")] = None,
     memory: Annotated[str | None, typer.Option(help="memory, e.g. 4G")] = None,
     disk: Annotated[str | None, typer.Option(help="disk, e.g. 10G")] = None,
@@ -63,11 +68,17 @@ def workspaces_create(
     network: Annotated[str | None, typer.Option(help="isolated (default: no network) or default")] = None,
     container_type: Annotated[str | None, typer.Option(help="agent_workspace (default) or mcp_server")] = None,
     meta: Annotated[list[str] | None, typer.Option("--meta", help="metadata KEY=VALUE (repeatable)")] = None,
+    from_snapshot: Annotated[
+        str | None,
+        typer.Option("--from-snapshot", help="restore this snapshot (it fixes provider, limits, image and network)"),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Create a workspace and print its id (details go to stderr).
 
     WS=$(corral workspaces create --provider gvisor)
+
+    WS=$(corral workspaces create --from-snapshot $SNAP)
     """
     limits = {k: v for k, v in {"cpu": cpu, "memory": memory, "disk": disk}.items() if v is not None}
     with connect(ctx) as corral:
@@ -78,6 +89,7 @@ def workspaces_create(
             base_image=image,
             network=network,
             metadata=_pairs(meta or [], "--meta") or None,
+            from_snapshot=from_snapshot,
         )
     if as_json:
         print_json(dict(ws.info.raw))
@@ -172,18 +184,82 @@ def workspaces_exec(
 
 @app.command("stop")
 def workspaces_stop(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
-    """Stop a workspace; /workspace is kept for resume."""
+    """Stop a workspace; its disk is kept for resume, its processes end."""
     with connect(ctx) as corral:
         info = corral.workspaces.get(workspace_id).stop()
     print_json(dict(info.raw)) if as_json else typer.echo(f"{info.id} {info.status}")
 
 
+@app.command("pause")
+def workspaces_pause(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
+    """Pause a workspace, freeing its CPU and memory, and print what was kept.
+
+    memory: processes and memory come back on resume (status paused).
+
+    filesystem: the provider cannot keep memory; a stop that keeps the whole disk (status stopped).
+    """
+    with connect(ctx) as corral:
+        workspace = corral.workspaces.get(workspace_id)
+        kept = workspace.pause()
+    info = workspace.info
+    if as_json:
+        print_json(dict(info.raw))
+        return
+    typer.echo(f"{info.id} {info.status} ({kept} kept)")
+    if kept != "memory":
+        stderr_console().print(
+            f"[yellow]note:[/] {info.provider} cannot keep memory: the processes ended; the disk is kept",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
 @app.command("resume")
 def workspaces_resume(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = False) -> None:
-    """Resume a stopped workspace with its /workspace as it was."""
+    """Resume a stopped or paused workspace; a paused one gets its processes and memory back."""
     with connect(ctx) as corral:
         info = corral.workspaces.get(workspace_id).resume()
     print_json(dict(info.raw)) if as_json else typer.echo(f"{info.id} {info.status}")
+
+
+@app.command("snapshot")
+def workspaces_snapshot(
+    ctx: typer.Context,
+    workspace_id: str,
+    *,
+    name: Annotated[str | None, typer.Option(help="a name to find it by")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Snapshot a running workspace (files, and memory where the provider can) and print the snapshot's id.
+
+    SNAP=$(corral workspaces snapshot $WS --name after-setup)
+    """
+    with connect(ctx) as corral:
+        snapshot = corral.workspaces.get(workspace_id).snapshot(name)
+    if as_json:
+        print_json(dict(snapshot.raw))
+        return
+    report_snapshot(snapshot)
+    typer.echo(snapshot.id)
+
+
+@app.command("fork")
+def workspaces_fork(
+    ctx: typer.Context,
+    workspace_id: str,
+    *,
+    count: Annotated[int, typer.Option(min=1, max=16, help="how many forks (1-16)")] = 1,
+    as_json: JsonFlag = False,
+) -> None:
+    """Copy a running workspace, files and running processes, and print each new id; the source keeps running."""
+    with connect(ctx) as corral:
+        forks = corral.workspaces.get(workspace_id).fork(count)
+    if as_json:
+        print_json([dict(f.info.raw) for f in forks])
+        return
+    for fork in forks:
+        _report_workspace(fork.info)
+        typer.echo(fork.id)
 
 
 @app.command("rm")

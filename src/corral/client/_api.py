@@ -30,6 +30,7 @@ from corral.client._models import (
     ProviderStatus,
     ReadResult,
     SessionInfo,
+    Snapshot,
     WorkspaceInfo,
 )
 
@@ -47,6 +48,7 @@ _GRACE_S = 60.0  # a command's own timeout plus this is how long the HTTP answer
 WORKSPACES = "/api/v1/agent/workspaces"
 AGENT_TYPES = "/api/v1/agent-types"
 SESSIONS = "/api/v1/agent/sessions"
+SNAPSHOTS = "/api/v1/agent/snapshots"
 
 
 def resolve_base_url(base_url: str | None) -> str:
@@ -150,8 +152,9 @@ def create_workspace(
     base_image: str | None,
     network: str | None,
     metadata: Mapping[str, Any] | None,
+    from_snapshot: str | None,
 ) -> Op[WorkspaceInfo]:
-    """``POST /api/v1/agent/workspaces``."""
+    """``POST /api/v1/agent/workspaces``; with ``from_snapshot``, the server refuses the fields the snapshot fixes."""
     body = _given(
         provider=provider,
         container_type=container_type,
@@ -159,6 +162,7 @@ def create_workspace(
         base_image=base_image,
         network=network,
         metadata=dict(metadata) if metadata is not None else None,
+        from_snapshot=from_snapshot,
     )
     return Op("POST", WORKSPACES, _workspace, json=body)
 
@@ -186,6 +190,31 @@ def stop_workspace(workspace_id: str) -> Op[WorkspaceInfo]:
 def resume_workspace(workspace_id: str) -> Op[WorkspaceInfo]:
     """``POST /api/v1/agent/workspaces/{id}/resume``."""
     return Op("POST", f"{WORKSPACES}/{_id(workspace_id)}/resume", _workspace)
+
+
+def _paused(response: httpx.Response) -> tuple[WorkspaceInfo, str]:
+    data = response.json()
+    return WorkspaceInfo.from_json(data), str(data["pause"])
+
+
+def pause_workspace(workspace_id: str) -> Op[tuple[WorkspaceInfo, str]]:
+    """``POST /api/v1/agent/workspaces/{id}/pause``: the workspace, and what was kept (``memory``/``filesystem``)."""
+    return Op("POST", f"{WORKSPACES}/{_id(workspace_id)}/pause", _paused)
+
+
+def snapshot_workspace(workspace_id: str, name: str | None) -> Op[Snapshot]:
+    """``POST /api/v1/agent/workspaces/{id}/snapshots``."""
+    return Op("POST", f"{WORKSPACES}/{_id(workspace_id)}/snapshots", _snapshot, json=_given(name=name))
+
+
+def fork_workspace(workspace_id: str, count: int) -> Op[list[WorkspaceInfo]]:
+    """``POST /api/v1/agent/workspaces/{id}/fork``."""
+    return Op(
+        "POST",
+        f"{WORKSPACES}/{_id(workspace_id)}/fork",
+        lambda r: [WorkspaceInfo.from_json(w) for w in r.json()["workspaces"]],
+        json={"count": count},
+    )
 
 
 def exec_command(
@@ -262,6 +291,29 @@ def chmod_file(workspace_id: str, path: str, mode: int | str) -> Op[None]:
     """``POST .../files/chmod``; an int is sent as its octal spelling, so ``0o755`` means what it says."""
     spelled = f"{mode:04o}" if isinstance(mode, int) else mode
     return Op("POST", f"{WORKSPACES}/{_id(workspace_id)}/files/chmod", _none, json={"path": path, "mode": spelled})
+
+
+# --- snapshots --------------------------------------------------------------------------------------------------
+
+
+def _snapshot(response: httpx.Response) -> Snapshot:
+    return Snapshot.from_json(response.json())
+
+
+def list_snapshots(workspace_id: str | None, name: str | None) -> Op[list[Snapshot]]:
+    """``GET /api/v1/agent/snapshots?workspace_id=&name=``, newest first."""
+    return Op("GET", SNAPSHOTS, lambda r: [Snapshot.from_json(s) for s in r.json()["snapshots"]],
+              params=_given(workspace_id=workspace_id, name=name))  # fmt: skip
+
+
+def get_snapshot(snapshot_id: str) -> Op[Snapshot]:
+    """``GET /api/v1/agent/snapshots/{id}``."""
+    return Op("GET", f"{SNAPSHOTS}/{_id(snapshot_id)}", _snapshot)
+
+
+def delete_snapshot(snapshot_id: str) -> Op[None]:
+    """``DELETE /api/v1/agent/snapshots/{id}``."""
+    return Op("DELETE", f"{SNAPSHOTS}/{_id(snapshot_id)}", _none)
 
 
 # --- agent types ------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from corral.client._models import (
     ProviderStatus,
     ReadResult,
     SessionInfo,
+    Snapshot,
     WorkspaceInfo,
 )
 from corral.errors import WorkspaceFileNotFoundError
@@ -36,6 +37,7 @@ __all__ = [
     "AsyncFiles",
     "AsyncSession",
     "AsyncSessions",
+    "AsyncSnapshots",
     "AsyncTools",
     "AsyncWorkspace",
     "AsyncWorkspaces",
@@ -85,6 +87,7 @@ class AsyncCorral:
         self._workspaces = AsyncWorkspaces(self)
         self._agent_types = AsyncAgentTypes(self)
         self._sessions = AsyncSessions(self)
+        self._snapshots = AsyncSnapshots(self)
 
     @property
     def base_url(self) -> str:
@@ -95,6 +98,11 @@ class AsyncCorral:
     def workspaces(self) -> AsyncWorkspaces:
         """Create, find and list workspaces."""
         return self._workspaces
+
+    @property
+    def snapshots(self) -> AsyncSnapshots:
+        """List, get and delete workspace snapshots (take them with :meth:`AsyncWorkspace.snapshot`)."""
+        return self._snapshots
 
     @property
     def agent_types(self) -> AsyncAgentTypes:
@@ -160,8 +168,14 @@ class AsyncWorkspaces:
         base_image: str | None = None,
         network: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        from_snapshot: str | None = None,
     ) -> AsyncWorkspace:
         """Create a workspace; it is ready when this returns.
+
+        Example::
+
+            snapshot = await ws.snapshot("after-setup")
+            copy = await corral.workspaces.create(from_snapshot=snapshot.id)
 
         Args:
             provider: ``"auto"`` (the default: Corral chooses and falls back), ``"gvisor"``, ``"docker"``,
@@ -171,6 +185,9 @@ class AsyncWorkspaces:
             base_image: The image to start from instead of the server's base image.
             network: ``"isolated"`` (default: no network at all) or ``"default"``.
             metadata: Free-form JSON kept with the workspace.
+            from_snapshot: Restore a snapshot's id into the new workspace: its files, and its processes and memory
+                when the snapshot has them. The snapshot fixes provider, container type, limits, image and
+                network, so those must be left out.
 
         Returns:
             The new workspace; ``async with`` it to destroy it on exit.
@@ -178,7 +195,9 @@ class AsyncWorkspaces:
         Raises:
             ProviderNotFoundError: No provider has that name.
             ProviderUnavailableError: The provider (or, for ``auto``, every provider) could not create it.
-            InvalidRequestError: A malformed field; the message names it.
+            InvalidRequestError: A malformed field, or a field ``from_snapshot`` fixes; the message names it.
+            SnapshotNotFoundError: ``from_snapshot`` names no snapshot.
+            WorkspaceStateError: The snapshot is not ready (still being taken, or failed).
         """
         op = _api.create_workspace(
             provider=provider,
@@ -187,6 +206,7 @@ class AsyncWorkspaces:
             base_image=base_image,
             network=network,
             metadata=metadata,
+            from_snapshot=from_snapshot,
         )
         return AsyncWorkspace(self._client, await self._client._call(op))
 
@@ -214,7 +234,7 @@ class AsyncWorkspaces:
 
 
 class AsyncWorkspace:
-    """One workspace: run commands, use its files, stop, resume or destroy it."""
+    """One workspace: run commands, use its files, pause, stop, resume, snapshot, fork or destroy it."""
 
     def __init__(self, client: AsyncCorral, info: WorkspaceInfo) -> None:
         """Wrap a workspace description (done by :class:`AsyncWorkspaces`)."""
@@ -233,7 +253,7 @@ class AsyncWorkspace:
 
     @property
     def status(self) -> str:
-        """The status when last fetched: ``ready``, ``stopped``, ``error`` or ``destroyed``."""
+        """The status when last fetched: ``ready``, ``paused``, ``stopped``, ``error`` or ``destroyed``."""
         return self._info.status
 
     @property
@@ -287,7 +307,8 @@ class AsyncWorkspace:
         return self._info
 
     async def stop(self) -> WorkspaceInfo:
-        """Stop the workspace; ``/workspace`` is kept for :meth:`resume`.
+        """Stop the workspace; its disk is kept for :meth:`resume` (the whole filesystem where the provider's
+        ``persistence`` capability is ``full``, else ``/workspace``). Its processes end.
 
         Returns:
             The description after stopping.
@@ -295,14 +316,69 @@ class AsyncWorkspace:
         self._info = await self._client._call(_api.stop_workspace(self.id))
         return self._info
 
+    async def pause(self) -> str:
+        """Pause the workspace, freeing its CPU and memory, and refresh :attr:`info`.
+
+        Where the provider can checkpoint memory, processes, memory and open files come back on :meth:`resume`
+        (status ``paused``); otherwise this is a stop that keeps the whole disk (status ``stopped``). Commands in
+        flight end. Pausing a paused workspace is fine.
+
+        Returns:
+            What was kept: ``"memory"`` or ``"filesystem"``.
+
+        Raises:
+            WorkspaceStateError: The workspace is stopped (resume it first) or not ready.
+            WorkspaceDestroyedError: The workspace was destroyed.
+        """
+        self._info, kept = await self._client._call(_api.pause_workspace(self.id))
+        return kept
+
     async def resume(self) -> WorkspaceInfo:
-        """Start a stopped workspace again, with ``/workspace`` as it was.
+        """Start a stopped or paused workspace again; a paused one gets its processes and memory back.
 
         Returns:
             The description after resuming.
         """
         self._info = await self._client._call(_api.resume_workspace(self.id))
         return self._info
+
+    async def snapshot(self, name: str | None = None) -> Snapshot:
+        """Snapshot the running workspace: its files, and its processes and memory where the provider can.
+
+        The workspace carries on; it is held only while the checkpoint and copy are taken. Restore the snapshot
+        with ``client.workspaces.create(from_snapshot=snapshot.id)``.
+
+        Args:
+            name: A label to find it by (1-128 letters, digits, ``.``, ``_`` or ``-``); names need not be unique.
+
+        Returns:
+            The snapshot; its ``kind`` says whether memory was captured.
+
+        Raises:
+            InvalidRequestError: A bad name, or a provider that cannot take snapshots.
+            WorkspaceStateError: The workspace is not ready.
+            ResourceLimitError: The server's snapshot storage limit is reached.
+        """
+        return await self._client._call(_api.snapshot_workspace(self.id, name))
+
+    async def fork(self, count: int = 1) -> builtins.list[AsyncWorkspace]:
+        """Make ``count`` independent copies of the running workspace, each with its files and running processes.
+
+        The source keeps running; a write in one fork is invisible to the others and to the source. All or
+        nothing: when one copy fails, none is left behind.
+
+        Args:
+            count: How many forks, 1 to 16.
+
+        Returns:
+            The new workspaces, each ready; destroy them when done.
+
+        Raises:
+            InvalidRequestError: ``count`` outside 1-16, or a provider that cannot take snapshots.
+            WorkspaceStateError: The workspace is not ready.
+        """
+        infos = await self._client._call(_api.fork_workspace(self.id, count))
+        return [AsyncWorkspace(self._client, info) for info in infos]
 
     async def destroy(self) -> WorkspaceInfo:
         """Destroy the workspace and its volume; repeating it is fine.
@@ -449,6 +525,51 @@ class AsyncFiles:
             mode: ``0o755`` or the octal string ``"0755"``.
         """
         await self._client._call(_api.chmod_file(self._workspace_id, path, mode))
+
+
+class AsyncSnapshots:
+    """``client.snapshots``: list, get and delete snapshots (take them with :meth:`AsyncWorkspace.snapshot`)."""
+
+    def __init__(self, client: AsyncCorral) -> None:
+        """Bind to a client (done by :class:`AsyncCorral`)."""
+        self._client = client
+
+    async def list(self, *, workspace_id: str | None = None, name: str | None = None) -> builtins.list[Snapshot]:
+        """Snapshots, newest first.
+
+        Args:
+            workspace_id: Only the snapshots of this workspace.
+            name: Only the snapshots with this name.
+
+        Returns:
+            The matching snapshots.
+        """
+        return await self._client._call(_api.list_snapshots(workspace_id, name))
+
+    async def get(self, snapshot_id: str) -> Snapshot:
+        """One snapshot.
+
+        Args:
+            snapshot_id: Its id.
+
+        Returns:
+            The snapshot as the server sees it now.
+
+        Raises:
+            SnapshotNotFoundError: No snapshot has that id.
+        """
+        return await self._client._call(_api.get_snapshot(snapshot_id))
+
+    async def delete(self, snapshot_id: str) -> None:
+        """Delete a snapshot and its files; workspaces restored from it keep running.
+
+        Args:
+            snapshot_id: Its id.
+
+        Raises:
+            SnapshotNotFoundError: No snapshot has that id.
+        """
+        await self._client._call(_api.delete_snapshot(snapshot_id))
 
 
 class AsyncAgentTypes:

@@ -27,6 +27,7 @@ __all__ = [
     "ProviderStatus",
     "ReadResult",
     "SessionInfo",
+    "Snapshot",
     "WorkspaceInfo",
 ]
 
@@ -51,7 +52,7 @@ class WorkspaceInfo:
 
     id: str
     status: str
-    """``creating``, ``ready``, ``stopped``, ``error`` or ``destroyed``."""
+    """``creating``, ``ready``, ``paused``, ``stopped``, ``error`` or ``destroyed``."""
     provider: str | None
     """The provider actually used (None while creating)."""
     requested_provider: str
@@ -86,6 +87,52 @@ class WorkspaceInfo:
                 ProviderAttempt(str(a.get("provider")), str(a.get("error")))
                 for a in data.get("provider_attempts") or ()
             ),
+            error=data.get("error"),
+            created_at=_time(data.get("created_at")),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A snapshot of a workspace: its files, and its processes and memory when ``kind`` is ``memory``."""
+
+    id: str
+    name: str | None
+    workspace_id: str
+    """The workspace it was taken from (which may since have been destroyed)."""
+    provider: str
+    """The provider that holds it; workspaces restored from it run there."""
+    kind: str
+    """``memory`` (a restore brings back processes and memory) or ``filesystem`` (files only)."""
+    status: str
+    """``creating``, ``ready`` or ``error`` (``error`` says why)."""
+    size_bytes: int
+    base_image: str
+    container_type: str
+    network: str
+    resource_limits: Mapping[str, str]
+    metadata: Mapping[str, Any]
+    error: str | None
+    created_at: datetime | None
+    raw: Json = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Json) -> Snapshot:
+        """Parse the snapshot JSON."""
+        return cls(
+            id=str(data["id"]),
+            name=data.get("name"),
+            workspace_id=str(data.get("workspace_id", "")),
+            provider=str(data.get("provider", "")),
+            kind=str(data.get("kind", "")),
+            status=str(data.get("status", "")),
+            size_bytes=int(data.get("size_bytes") or 0),
+            base_image=str(data.get("base_image", "")),
+            container_type=str(data.get("container_type", "")),
+            network=str(data.get("network", "")),
+            resource_limits=dict(data.get("resource_limits") or {}),
+            metadata=dict(data.get("metadata") or {}),
             error=data.get("error"),
             created_at=_time(data.get("created_at")),
             raw=dict(data),

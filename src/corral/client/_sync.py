@@ -23,6 +23,7 @@ from corral.client._async import (
     AsyncFiles,
     AsyncSession,
     AsyncSessions,
+    AsyncSnapshots,
     AsyncTools,
     AsyncWorkspace,
     AsyncWorkspaces,
@@ -41,11 +42,12 @@ from corral.client._models import (
     ProviderStatus,
     ReadResult,
     SessionInfo,
+    Snapshot,
     WorkspaceInfo,
 )
 from corral.errors import WorkspaceFileNotFoundError
 
-__all__ = ["AgentTypes", "Corral", "Files", "Session", "Sessions", "Tools", "Workspace", "Workspaces"]
+__all__ = ["AgentTypes", "Corral", "Files", "Session", "Sessions", "Snapshots", "Tools", "Workspace", "Workspaces"]
 
 T = TypeVar("T")
 C = TypeVar("C", bound=type)
@@ -97,6 +99,7 @@ class Corral:
         self._workspaces = Workspaces(self)
         self._agent_types = AgentTypes(self)
         self._sessions = Sessions(self)
+        self._snapshots = Snapshots(self)
 
     @property
     def base_url(self) -> str:
@@ -105,6 +108,10 @@ class Corral:
     @property
     def workspaces(self) -> Workspaces:
         return self._workspaces
+
+    @property
+    def snapshots(self) -> Snapshots:
+        return self._snapshots
 
     @property
     def agent_types(self) -> AgentTypes:
@@ -155,6 +162,7 @@ class Workspaces:
         base_image: str | None = None,
         network: str | None = None,
         metadata: Mapping[str, Any] | None = None,
+        from_snapshot: str | None = None,
     ) -> Workspace:
         op = _api.create_workspace(
             provider=provider,
@@ -163,6 +171,7 @@ class Workspaces:
             base_image=base_image,
             network=network,
             metadata=metadata,
+            from_snapshot=from_snapshot,
         )
         return Workspace(self._client, self._client._call(op))
 
@@ -175,7 +184,7 @@ class Workspaces:
 
 @twin_of(AsyncWorkspace)
 class Workspace:
-    """One workspace: run commands, use its files, stop, resume or destroy it."""
+    """One workspace: run commands, use its files, pause, stop, resume, snapshot, fork or destroy it."""
 
     def __init__(self, client: Corral, info: WorkspaceInfo) -> None:
         self._client = client
@@ -222,9 +231,19 @@ class Workspace:
         self._info = self._client._call(_api.stop_workspace(self.id))
         return self._info
 
+    def pause(self) -> str:
+        self._info, kept = self._client._call(_api.pause_workspace(self.id))
+        return kept
+
     def resume(self) -> WorkspaceInfo:
         self._info = self._client._call(_api.resume_workspace(self.id))
         return self._info
+
+    def snapshot(self, name: str | None = None) -> Snapshot:
+        return self._client._call(_api.snapshot_workspace(self.id, name))
+
+    def fork(self, count: int = 1) -> builtins.list[Workspace]:
+        return [Workspace(self._client, info) for info in self._client._call(_api.fork_workspace(self.id, count))]
 
     def destroy(self) -> WorkspaceInfo:
         self._info = self._client._call(_api.destroy_workspace(self.id))
@@ -280,6 +299,23 @@ class Files:
 
     def chmod(self, path: str, mode: int | str) -> None:
         self._client._call(_api.chmod_file(self._workspace_id, path, mode))
+
+
+@twin_of(AsyncSnapshots)
+class Snapshots:
+    """``client.snapshots``: list, get and delete snapshots (take them with :meth:`Workspace.snapshot`)."""
+
+    def __init__(self, client: Corral) -> None:
+        self._client = client
+
+    def list(self, *, workspace_id: str | None = None, name: str | None = None) -> builtins.list[Snapshot]:
+        return self._client._call(_api.list_snapshots(workspace_id, name))
+
+    def get(self, snapshot_id: str) -> Snapshot:
+        return self._client._call(_api.get_snapshot(snapshot_id))
+
+    def delete(self, snapshot_id: str) -> None:
+        self._client._call(_api.delete_snapshot(snapshot_id))
 
 
 @twin_of(AsyncAgentTypes)
