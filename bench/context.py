@@ -41,16 +41,40 @@ class Config:
     """CORRAL_WARM_POOL_SIZE of the server the burst goes to (0: every session is a cold start)."""
     idle: int
     """Idle workspaces created for the memory measurement."""
+    cycles: int = 20
+    """Pause/resume cycles per variant (idle, holding memory; Corral and raw)."""
+    fork_rounds: int = 3
+    """Rounds of fork x``forks`` and of snapshot create, Corral and raw."""
+    setup_s: float = 30.0
+    """Setup time (``sleep``) of the agent type whose sessions start from a setup snapshot."""
+    later_sessions: int = 5
+    """Sessions started from that snapshot after the first one set up."""
+    forks: int = 10
+    held_mib: int = 100
+    """Live memory held by the workspace (and the plain container) of the memory variants."""
     warm_pool: int = 3
     """Pool size of the warm server: a claim takes the oldest, whose agent has long been up."""
     file_bytes: int = 10_000_000
 
 
 FULL = Config(quick=False, execs=200, creates=30, files=30, burst=50, burst_pool=0, idle=10)
-"""The issue's counts: 200 execs, 30 creates, 50 sessions at once, 10 idle workspaces."""
+"""The issue's counts: 200 execs, 30 creates, 50 sessions at once, 10 idle workspaces, 20 pause cycles, 3 fork
+rounds, a 30 s setup."""
 
-QUICK = Config(quick=True, execs=50, creates=8, files=2, burst=10, burst_pool=0, idle=4)
-"""A smoke-sized run (under two minutes): the same shapes with smaller counts."""
+QUICK = Config(
+    quick=True,
+    execs=50,
+    creates=8,
+    files=2,
+    burst=10,
+    burst_pool=0,
+    idle=4,
+    cycles=5,
+    fork_rounds=1,
+    setup_s=3.0,
+    later_sessions=3,
+)
+"""A smoke-sized run: the same shapes with smaller counts (and a 3 s setup)."""
 
 
 class Bench:
@@ -108,6 +132,10 @@ class Bench:
             raise
         return server
 
+    def track_owner(self, owner: str) -> None:
+        """Have the final sweep also remove what runtime objects labelled ``corral.owner=owner`` are left."""
+        self._owners.add(owner)
+
     async def stop_server(self, server: CorralServer) -> None:
         """Stop it and remove whatever it left behind."""
         if server in self.servers:
@@ -116,7 +144,7 @@ class Bench:
         await self.sweep(f"{LABEL_OWNER}={server.owner}")
 
     async def sweep(self, *labels: str) -> int:
-        """Remove every container and volume carrying one of ``labels`` (``key=value``); returns how many."""
+        """Remove every container, volume and image carrying one of ``labels`` (``key=value``); returns how many."""
         removed = 0
         engine = self.plain.engine
         for label in labels:
@@ -125,6 +153,9 @@ class Bench:
                 removed += 1
             for volume in await engine.list_volumes([label]):
                 await engine.remove_volume(volume["Name"])
+                removed += 1
+            for image in await engine.list_images([label]):  # snapshot images, committed plain containers
+                await engine.remove_image(image["Id"], force=True)
                 removed += 1
         return removed
 
@@ -144,7 +175,7 @@ class Bench:
                 f"{BENCH_LABEL}={self.run_id}", *(f"{LABEL_OWNER}={owner}" for owner in sorted(self._owners))
             )
             if leftovers:
-                log.info("removed %d leftover container(s)/volume(s)", leftovers)
+                log.info("removed %d leftover container(s)/volume(s)/image(s)", leftovers)
         except DockerAPIError as exc:
             log.warning("final clean-up sweep failed: %s; remove containers labelled %s", exc, BENCH_LABEL)
         finally:

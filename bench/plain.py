@@ -60,7 +60,10 @@ class PlainDocker:
         )
         self.image = image
         self.run_id = run_id
-        template = DockerProvider(self.engine)._container_config(WorkspaceSpec(id="template", image=image))
+        template = DockerProvider(self.engine)._container_config(
+            WorkspaceSpec(id="template", image=image),
+            agent_runtime="",  # its mount is dropped below
+        )
         self._host_config: dict[str, Any] = {
             k: v for k, v in template["HostConfig"].items() if k not in ("Runtime", "Mounts")
         }
@@ -74,9 +77,25 @@ class PlainDocker:
     def _labels(self) -> dict[str, str]:
         return {BENCH_LABEL: self.run_id}
 
-    async def run(self, runtime: str, *, volume: bool = False) -> PlainContainer:
+    async def run(
+        self, runtime: str, *, volume: bool = False, cmd: list[str] | None = None, image: str | None = None
+    ) -> PlainContainer:
         """``docker run -d --runtime=RUNTIME --network=none [-v VOL:/workspace] IMAGE sleep infinity``: create and
-        start; returns once the container is running. With ``volume`` a named volume is created first."""
+        start; returns once the container is running. With ``volume`` a named volume is created first; ``cmd`` and
+        ``image`` replace ``sleep infinity`` and the bench's image."""
+        container = await self.create(runtime, volume=volume, cmd=cmd, image=image)
+        try:
+            await self.engine.start_container(container.id)
+        except BaseException:
+            await self.remove(container)
+            raise
+        return container
+
+    async def create(
+        self, runtime: str, *, volume: bool = False, cmd: list[str] | None = None, image: str | None = None
+    ) -> PlainContainer:
+        """``docker create``: the container :meth:`run` starts, not started (a restore starts it from a
+        checkpoint)."""
         self._count += 1
         name = f"corral-bench-{self.run_id}-{self._count}-{uuid.uuid4().hex[:6]}"
         volume_name = f"{name}-vol" if volume else None
@@ -84,8 +103,8 @@ class PlainDocker:
             await self.engine.create_volume(volume_name, self._labels())
         mounts = [{"Type": "volume", "Source": volume_name, "Target": WORKSPACE_ROOT}] if volume_name else []
         config = {
-            "Image": self.image,
-            "Cmd": ["sleep", "infinity"],
+            "Image": image or self.image,
+            "Cmd": cmd or ["sleep", "infinity"],
             "WorkingDir": WORKSPACE_ROOT,
             "Labels": self._labels(),
             "NetworkDisabled": True,
@@ -93,7 +112,6 @@ class PlainDocker:
         }
         try:
             container_id = await self.engine.create_container(name, config)
-            await self.engine.start_container(container_id)
         except BaseException:
             await self.remove(PlainContainer(name, name, volume_name))
             raise
@@ -101,16 +119,21 @@ class PlainDocker:
 
     async def exec_true(self, container: PlainContainer) -> None:
         """``docker exec CONTAINER true``: exec create, start (attached, until it ends), inspect for the exit code."""
+        code = await self.exec(container, ["true"])
+        if code != 0:
+            raise RuntimeError(f"docker exec true exited with {code}")
+
+    async def exec(self, container: PlainContainer, cmd: list[str]) -> int:
+        """``docker exec CONTAINER CMD...``; returns the exit code (the output is read and dropped)."""
         created = await self.engine.request(
             "POST",
             f"/containers/{container.id}/exec",
-            body={"Cmd": ["true"], "AttachStdout": True, "AttachStderr": True, "Tty": False},
+            body={"Cmd": cmd, "AttachStdout": True, "AttachStderr": True, "Tty": False},
         )
         exec_id = created["Id"]
         await self.engine.request("POST", f"/exec/{exec_id}/start", body={"Detach": False, "Tty": False})
         inspected = await self.engine.request("GET", f"/exec/{exec_id}/json")
-        if inspected["ExitCode"] != 0:
-            raise RuntimeError(f"docker exec true exited with {inspected['ExitCode']}")
+        return int(inspected["ExitCode"])
 
     async def copy_in(self, container: PlainContainer, directory: str, archive: bytes) -> None:
         """``docker cp FILE CONTAINER:DIR``: ``PUT /containers/{id}/archive`` with a prepared tar."""
