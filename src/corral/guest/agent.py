@@ -972,13 +972,17 @@ def usage_beneath(h: Header) -> Header:
 
 def kill_group(proc: Process) -> None:
     """SIGKILL every process in the command's process group, again until none is left (a forking group can add
-    members while the first signal is delivered)."""
-    for _ in range(20):
+    members while the first signal is delivered). Up to a second: a command the spawner started is reaped by the
+    spawner, so its leader's zombie can keep the group alive a little longer than our own child's would."""
+    deadline = time.monotonic() + 1.0
+    while True:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             return
-        proc.poll()  # reap the leader, so its zombie does not keep the group alive
+        proc.poll()  # reap the leader (or hear that the spawner did), so its zombie does not keep the group alive
+        if time.monotonic() >= deadline:
+            return
         time.sleep(0.001)
 
 
