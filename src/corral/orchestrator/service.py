@@ -818,11 +818,11 @@ class WorkspaceService:
         provider_name: str,
         snapshot_id: str,
         *,
-        source: WorkspaceRecord | CreateWorkspace,
+        source: CreateWorkspace,
         metadata: Mapping[str, Any],
     ) -> WorkspaceRecord:
-        """A new ready workspace restored from a snapshot of ``provider_name``, with the limits, network and
-        container type of ``source`` (the snapshot's own, as a record or a request).
+        """A new ready workspace restored from a snapshot of ``provider_name``, with the limits, image, network and
+        container type of ``source`` (the snapshot's own).
 
         Raises:
             ProviderUnavailableError: the provider is not configured here or cannot restore snapshots.
@@ -830,12 +830,8 @@ class WorkspaceService:
         provider = self.providers.get(provider_name)
         if provider is None or not isinstance(provider, Snapshotter):
             raise ProviderUnavailableError(provider_name, "not configured on this server, or it has no snapshots")
-        if isinstance(source, CreateWorkspace):
-            limits, network, container_type = source.limits, source.network, source.container_type
-            image = source.base_image or self.settings.base_image
-        else:
-            limits = ResourceLimits.parse(source.resource_limits)
-            network, container_type, image = source.network, source.container_type, source.base_image
+        limits, network, container_type = source.limits, source.network, source.container_type
+        image = source.base_image or self.settings.base_image
         workspace_id = uuid.uuid4().hex[:16]
         await self.store.workspaces.create(
             id=workspace_id,

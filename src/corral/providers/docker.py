@@ -374,12 +374,10 @@ class DockerProvider(AgentBackedProvider):
         """Under gVisor: checkpoint processes, memory and open files into the container and stop it ("memory").
         Under runc: a stop, keeping the whole disk ("filesystem"). Commands in flight end; background processes
         (``nohup``, ``setsid``) are part of the memory image."""
-        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if not self.memory_checkpoints:
-            if info is None and await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
-                raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-            await self.stop(workspace_id)
+            await self.stop(workspace_id)  # raises WorkspaceNotFoundError for a missing workspace
             return "filesystem"
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is None:
             await self._require_running(workspace_id)  # raises: missing, or stopped by an older Corral
             raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
@@ -567,7 +565,7 @@ class DockerProvider(AgentBackedProvider):
 
     async def list_snapshots(self) -> list[str]:
         """Ids of the snapshots with an image or a volume of this provider (and owner)."""
-        labels = [LABEL_SNAPSHOT, *(f"{k}={v}" for k, v in self._owner_labels().items())]
+        labels = [LABEL_SNAPSHOT, *self._owner_filter()]
         images = await self._call(self.engine.list_images(labels))
         volumes = await self._call(self.engine.list_volumes(labels))
         ids = {
@@ -586,6 +584,10 @@ class DockerProvider(AgentBackedProvider):
             self._docker_root = Path(info.get("DockerRootDir") or "/var/lib/docker")
         return self._docker_root / "containers" / container_id / "checkpoints" / name
 
+    def _owner_filter(self) -> list[str]:
+        """:meth:`_owner_labels` as Docker's ``label`` filter (``key=value`` each)."""
+        return [f"{k}={v}" for k, v in self._owner_labels().items()]
+
     def _owner_labels(self) -> dict[str, str]:
         labels = {LABEL_PROVIDER: self.name}
         if self.owner is not None:
@@ -594,9 +596,7 @@ class DockerProvider(AgentBackedProvider):
 
     async def list_workspaces(self) -> list[str]:
         """Ids of every workspace with a volume or a container of this provider (and this owner, if set)."""
-        labels = [f"{LABEL_PROVIDER}={self.name}"]
-        if self.owner is not None:
-            labels.append(f"{LABEL_OWNER}={self.owner}")
+        labels = self._owner_filter()
         volumes = await self._call(self.engine.list_volumes(labels))
         containers = await self._call(self.engine.list_containers(labels))
         ids = {v["Labels"][LABEL_ID] for v in volumes if LABEL_ID in (v.get("Labels") or {})}
@@ -673,7 +673,7 @@ class DockerProvider(AgentBackedProvider):
         stream when the container goes away (runsc keeps it open), so without closing it a command in a dead
         workspace would wait forever. Exits Corral caused itself (stop, destroy) are not reported.
         """
-        labels = [f"{LABEL_PROVIDER}={self.name}"] + ([f"{LABEL_OWNER}={self.owner}"] if self.owner else [])
+        labels = self._owner_filter()
         filters = {"type": ["container"], "event": ["die", "destroy"], "label": labels}
         while True:
             try:

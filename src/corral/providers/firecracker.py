@@ -183,12 +183,17 @@ class FirecrackerProvider(AgentBackedProvider):
             "env": dict(spec.env),
             "labels": {**dict(spec.labels), "corral.image": spec.image, "corral.container_type": spec.container_type},
         }
+        await self._boot(spec.id, body, started)
+
+    async def _boot(self, workspace_id: str, body: dict[str, Any], started: float) -> None:
+        """Ask the manager for the VM (``POST /vms``), wait until its agent answers, and note how long it took; a VM
+        whose agent never answers is destroyed."""
         await self._request("POST", "/vms", json=body)
         try:
-            await self._agent(spec.id)
+            await self._agent(workspace_id)
         except BaseException:
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.destroy(spec.id))
+                await asyncio.shield(self.destroy(workspace_id))
             raise
         elapsed = (time.monotonic() - started) * 1000
         self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
@@ -256,15 +261,7 @@ class FirecrackerProvider(AgentBackedProvider):
             "labels": {**dict(spec.labels), "corral.image": spec.image, "corral.container_type": spec.container_type},
             "from_snapshot": snapshot_id,
         }
-        await self._request("POST", "/vms", json=body)
-        try:
-            await self._agent(spec.id)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.destroy(spec.id))
-            raise
-        elapsed = (time.monotonic() - started) * 1000
-        self._startup_ms = elapsed if self._startup_ms is None else 0.8 * self._startup_ms + 0.2 * elapsed
+        await self._boot(spec.id, body, started)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         """Remove the snapshot's files. Idempotent; workspaces restored from it keep running."""
