@@ -27,8 +27,9 @@ import json, time
 from e2b import Sandbox, SandboxNotRunningException, SandboxQuery, SandboxState
 
 DAEMON = (
-    "setsid sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' "
-    ">/dev/null 2>&1 </dev/null & while [ ! -s /tmp/pid ]; do sleep 0.01; done"
+    # The count is written aside and renamed into place, so a reader never sees the file empty mid-write.
+    "setsid sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n.new; mv /tmp/n.new /tmp/n; "
+    "sleep 0.05; done' >/dev/null 2>&1 </dev/null & while [ ! -s /tmp/n ]; do sleep 0.01; done"
 )
 
 def start_daemon(sandbox):
