@@ -722,3 +722,22 @@ def test_the_store_package_exports_its_public_api() -> None:
         "migrate",
     }
     assert all(hasattr(corral.store, name) for name in corral.store.__all__)
+
+
+async def test_a_write_cancelled_at_any_point_still_ends_its_transaction(store: Store) -> None:
+    """A write cancelled after any number of event-loop turns ends its transaction (SQLite's write lock used to stay
+    held by the abandoned connection, and every later writer failed with "database is locked"); the caller still
+    hears the cancellation."""
+    agent_type = await store.agent_types.create("t", {"enabled": True})
+    session = await store.sessions.create(agent_type.id, task_context={})
+    for turns in range(40):
+        write = asyncio.create_task(store.sessions.update(session.id, status="active"))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if not write.cancel():  # it committed first: every earlier point has been tried
+            break
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        # The busy timeout is 15 s; a held lock shows as this bound running out, not as a slow pass.
+        await asyncio.wait_for(store.sessions.update(session.id, status="provisioning"), 10)
+    assert (await store.sessions.get(session.id)).status == "provisioning"

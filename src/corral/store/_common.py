@@ -7,11 +7,13 @@ into a :class:`~corral.errors.CorralError` whose message names the failure witho
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import ColumnElement, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -26,6 +28,7 @@ __all__ = [
     "append_warnings",
     "attempt_dicts",
     "database_errors",
+    "finish_when_cancelled",
     "first_line",
     "given",
     "new_id",
@@ -33,6 +36,37 @@ __all__ = [
     "status_list",
     "update_returning",
 ]
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def finish_when_cancelled(write: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Run a repository write to its commit or rollback even when the caller is cancelled, then re-raise.
+
+    Cancelling a coroutine in the middle of an aiosqlite transaction leaves the connection out of the pool with the
+    transaction open, and SQLite's write lock held until garbage collection: every later writer then waits its busy
+    timeout and fails with "database is locked" (a session ended while its provisioning task was writing did). The
+    write runs in its own task, shielded; a cancelled caller waits for it (a repeated cancel too) and then raises.
+    """
+
+    @functools.wraps(write)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        task = asyncio.ensure_future(write(*args, **kwargs))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            while not task.done():
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    continue
+                except BaseException:  # the caller was cancelled: that is what it hears, not the failure
+                    break
+            raise
+
+    return wrapper
 
 
 def new_id() -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from corral.store._common import database_errors, new_id, update_returning
+from corral.store._common import database_errors, finish_when_cancelled, new_id, update_returning
 from corral.store.models import AgentTypeRow, utcnow
 from corral.store.records import AgentTypeRecord
 
@@ -26,6 +26,7 @@ class AgentTypeRepository:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
+    @finish_when_cancelled
     async def create(
         self,
         name: str,
@@ -79,6 +80,7 @@ class AgentTypeRepository:
                 ).all()
         return [AgentTypeRecord._from_row(row) for row in rows]
 
+    @finish_when_cancelled
     async def update_config(self, agent_type_id: str, workspace_config: Mapping[str, Any]) -> AgentTypeRecord | None:
         """Replace the workspace configuration; ``None`` if the id is unknown. Running sessions keep their snapshot."""
         values = {AgentTypeRow.workspace_config: dict(workspace_config), AgentTypeRow.updated_at: utcnow()}

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from corral.credentials import redact_text
-from corral.store._common import database_errors
+from corral.store._common import database_errors, finish_when_cancelled
 from corral.store.models import AuditEntryRow, utcnow
 from corral.store.records import AuditEntry
 
@@ -26,6 +26,7 @@ class AuditRepository:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
+    @finish_when_cancelled
     async def append(
         self,
         session_id: str,

@@ -17,7 +17,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from corral.credentials import redact_text
 from corral.errors import InvalidRequestError
-from corral.store._common import append_warnings, database_errors, given, new_id, plain, status_list, update_returning
+from corral.store._common import (
+    append_warnings,
+    database_errors,
+    finish_when_cancelled,
+    given,
+    new_id,
+    plain,
+    status_list,
+    update_returning,
+)
 from corral.store.models import AgentTypeRow, SessionRow, utcnow
 from corral.store.records import UNSET, SessionRecord, SessionStatus, Unset
 
@@ -30,6 +39,7 @@ class SessionRepository:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
+    @finish_when_cancelled
     async def create(
         self,
         agent_type_id: str,
@@ -113,6 +123,7 @@ class SessionRepository:
                 rows = (await session.scalars(query)).all()
         return [SessionRecord._from_row(row) for row in rows]
 
+    @finish_when_cancelled
     async def update(
         self,
         session_id: str,
@@ -155,6 +166,7 @@ class SessionRepository:
                 row = await update_returning(session, SessionRow, SessionRow.id == session_id, values)
         return None if row is None else SessionRecord._from_row(row)
 
+    @finish_when_cancelled
     async def add_warnings(self, session_id: str, *warnings: str) -> SessionRecord | None:
         """Append warnings not already present, safely against concurrent appends; ``None`` if the id is unknown."""
         masked = tuple(redact_text(w) for w in warnings)

@@ -19,7 +19,15 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from corral.errors import SnapshotNotFoundError
-from corral.store._common import database_errors, given, new_id, plain, status_list, update_returning
+from corral.store._common import (
+    database_errors,
+    finish_when_cancelled,
+    given,
+    new_id,
+    plain,
+    status_list,
+    update_returning,
+)
 from corral.store.models import SnapshotRow, utcnow
 from corral.store.records import UNSET, SnapshotKind, SnapshotRecord, SnapshotStatus, Unset
 
@@ -35,6 +43,7 @@ class SnapshotRepository:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
+    @finish_when_cancelled
     async def create(
         self,
         *,
@@ -137,6 +146,7 @@ class SnapshotRepository:
                 rows = (await session.scalars(query)).all()
         return [SnapshotRecord._from_row(row) for row in rows]
 
+    @finish_when_cancelled
     async def update(
         self,
         snapshot_id: str,
@@ -170,6 +180,7 @@ class SnapshotRepository:
             raise SnapshotNotFoundError(f"snapshot {snapshot_id!r} does not exist", details={"id": snapshot_id})
         return SnapshotRecord._from_row(row)
 
+    @finish_when_cancelled
     async def delete(self, snapshot_id: str) -> bool:
         """Remove the record; ``False`` if there was none. Delete the provider's files first."""
         with database_errors():

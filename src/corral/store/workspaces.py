@@ -23,6 +23,7 @@ from corral.store._common import (
     append_warnings,
     attempt_dicts,
     database_errors,
+    finish_when_cancelled,
     given,
     new_id,
     plain,
@@ -41,6 +42,7 @@ class WorkspaceRepository:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self._sessions = sessions
 
+    @finish_when_cancelled
     async def create(
         self,
         *,
@@ -123,6 +125,7 @@ class WorkspaceRepository:
                 rows = (await session.scalars(query)).all()
         return [WorkspaceRecord._from_row(row) for row in rows]
 
+    @finish_when_cancelled
     async def update(
         self,
         workspace_id: str,
@@ -189,6 +192,7 @@ class WorkspaceRepository:
         """
         return await self.update(workspace_id, status=status, error=error)
 
+    @finish_when_cancelled
     async def add_warnings(self, workspace_id: str, *warnings: str) -> WorkspaceRecord:
         """Append warnings not already present, safely against concurrent appends.
 
@@ -202,6 +206,7 @@ class WorkspaceRepository:
             raise WorkspaceNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
         return WorkspaceRecord._from_row(row)
 
+    @finish_when_cancelled
     async def claim_from_pool(
         self,
         pool_key: str,
