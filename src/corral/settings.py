@@ -157,6 +157,11 @@ class Settings(BaseSettings):
     """CORRAL_WARM_POOLS: extra pools as JSON, e.g. ``[{"provider": "gvisor", "size": 2, "network": "default",
     "resource_limits": {"cpu": "1", "memory": "1G"}, "image": "corral/workspace:base"}]``."""
 
+    setup_pool_size: int = Field(1, ge=0, le=100)
+    """CORRAL_SETUP_POOL_SIZE: warm workspaces kept restored from the newest setup snapshot of each agent type with
+    ``snapshot_after_setup``, so its later sessions start in milliseconds instead of restoring on demand. A newer
+    setup snapshot of the type replaces the pool; 0 turns these pools off."""
+
     warm_pool_drain_on_shutdown: bool = True
     """CORRAL_WARM_POOL_DRAIN_ON_SHUTDOWN: destroy warm workspaces on a clean shutdown (after a crash they are
     adopted back at the next start instead)."""

@@ -11,11 +11,13 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from corral.settings import Settings
 from tests.e2e.conftest import Server, docker_inspect, start_server, stop_server
 from tests.gitserver import GitServer, make_repository, serve_git
 
@@ -206,7 +208,8 @@ def test_the_second_session_of_a_snapshot_after_setup_type_skips_setup(server: S
     daemon = _sh(server, first["workspace_id"], "cat /tmp/daemon.pid")
     second = _session(server, type_id, url)
     second_ws = server.client.get(f"{WORKSPACES}/{second['workspace_id']}").json()
-    assert second_ws["metadata"]["setup"] == {
+    # Restored now, or ahead of time by the snapshot's warm pool (then "warm_pool": true): whichever was first.
+    assert {k: second_ws["metadata"]["setup"][k] for k in ("source", "snapshot_id")} == {
         "source": "snapshot",
         "snapshot_id": first_ws["metadata"]["setup"]["snapshot_id"],
     }
@@ -226,4 +229,90 @@ def test_the_second_session_of_a_snapshot_after_setup_type_skips_setup(server: S
     assert third_ws["metadata"]["setup"]["source"] == "ran"
     assert _sh(server, third["workspace_id"], "cat /workspace/NEW.md") == "new"
     for session in (first, second, third):
-        server.client.post(f"/api/v1/agent/sessions/{session['id']}/end")
+        assert server.client.delete(f"/api/v1/agent/sessions/{session['id']}").status_code == 200
+
+
+def _owned(server: Server, kind: str = "container") -> set[str]:
+    """Of this server's installation (its owner label): the workspace ids of its containers (running or not), or
+    the names of its volumes."""
+    owner = Settings(data_dir=server.data_dir).owner_id()
+    listing = ["ps", "-a"] if kind == "container" else ["volume", "ls"]
+    shown = '{{.Label "corral.workspace.id"}}' if kind == "container" else "{{.Name}}"
+    command = ["docker", *listing, "--filter", f"label=corral.owner={owner}", "--format", shown]
+    return set(subprocess.run(command, capture_output=True, text=True, check=True).stdout.split())
+
+
+def _setup_pool(server: Server, snapshot_id: str) -> dict[str, Any] | None:
+    pools = server.client.get(f"{WORKSPACES}/pool").json()["pools"]
+    return next((p for p in pools if p["snapshot_id"] == snapshot_id), None)
+
+
+def _wait_for_setup_pool(server: Server, snapshot_id: str, size: int) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pool = _setup_pool(server, snapshot_id)
+        if pool is not None and pool["size"] == size and pool["creating"] == 0:
+            return pool
+        time.sleep(0.1)
+    raise AssertionError(
+        f"the pool of setup snapshot {snapshot_id} never held {size}: {_setup_pool(server, snapshot_id)}"
+    )
+
+
+def test_a_later_session_is_served_from_a_pool_restored_from_the_setup_snapshot(tmp_path: Path, git: GitServer) -> None:
+    """Once the first session made its setup snapshot, a warm pool restores it ahead of time; the next session gets
+    a workspace created before it was asked for, with the checkout, the setup's files and process and no new setup
+    run. Deleting the snapshot destroys the pool's workspaces, and after shutdown no container is left."""
+    server = start_server(tmp_path / "corral", {"CORRAL_PROVIDERS": "gvisor", "CORRAL_SETUP_POOL_SIZE": "1"})
+    try:
+        setup = (
+            "echo ran >> /workspace/setup.log && echo built > /root/built && "
+            "setsid sh -c 'echo $$ > /tmp/daemon.pid; while :; do sleep 1; done' >/dev/null 2>&1 </dev/null & "
+            "while [ ! -s /tmp/daemon.pid ]; do sleep 0.01; done"
+        )
+        workspace = {
+            "enabled": True,
+            "provider": "gvisor",
+            "repo_source": {"type": "task_context"},
+            "setup_commands": [setup],
+            "snapshot_after_setup": True,
+        }
+        agent_type = _post(server, "/api/v1/agent-types", {"name": "pooled", "workspace": workspace}, 201)
+        url = git.url("app")
+        first = _session(server, agent_type["id"], url)
+        first_ws = server.client.get(f"{WORKSPACES}/{first['workspace_id']}").json()
+        assert first_ws["metadata"]["setup"]["source"] == "ran"
+        snapshot_id = first_ws["metadata"]["setup"]["snapshot_id"]
+        daemon = _sh(server, first["workspace_id"], "cat /tmp/daemon.pid")
+        pool = _wait_for_setup_pool(server, snapshot_id, 1)
+        assert (pool["provider"], pool["target"]) == ("gvisor", 1)
+
+        second = _session(server, agent_type["id"], url)
+        second_ws = server.client.get(f"{WORKSPACES}/{second['workspace_id']}").json()
+        assert second_ws["from_warm_pool"] is True
+        assert second_ws["metadata"]["setup"] == {"source": "snapshot", "snapshot_id": snapshot_id, "warm_pool": True}
+        made, asked = (datetime.fromisoformat(x["created_at"]) for x in (second_ws, second))
+        assert made < asked, "the workspace was not made ahead of the session"
+        assert _sh(server, second["workspace_id"], "cat /workspace/setup.log") == "ran", "setup ran again"
+        assert _sh(server, second["workspace_id"], "cat /workspace/README.md /root/built") == "app\nbuilt"
+        assert _sh(server, second["workspace_id"], f"kill -0 {daemon} && echo alive") == "alive"
+
+        _wait_for_setup_pool(server, snapshot_id, 1)  # the hand-out refilled it
+        live = {first["workspace_id"], second["workspace_id"]}
+        [member] = _owned(server) - live
+        assert server.client.delete(f"{SNAPSHOTS}/{snapshot_id}").status_code == 204
+        assert _setup_pool(server, snapshot_id) is None
+        assert _owned(server) == live
+        assert server.client.get(f"{WORKSPACES}/{member}").json()["status"] == "destroyed"
+        for session in (first, second):
+            assert server.client.delete(f"/api/v1/agent/sessions/{session['id']}").status_code == 200
+        # A new setup snapshot and its pool again, for the shutdown to drain.
+        third = _session(server, agent_type["id"], url)
+        third_ws = server.client.get(f"{WORKSPACES}/{third['workspace_id']}").json()
+        assert third_ws["metadata"]["setup"]["source"] == "ran"
+        _wait_for_setup_pool(server, third_ws["metadata"]["setup"]["snapshot_id"], 1)
+        assert len(_owned(server) - {third["workspace_id"]}) == 1
+    finally:
+        stop_server(server)
+    assert _owned(server) == set(), "a warm workspace outlived the server"
+    assert _owned(server, "volume") == set()

@@ -68,7 +68,7 @@ from corral.errors import (
     WorkspaceNotFoundError,
 )
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
-from corral.orchestrator.snapshots import SnapshotService
+from corral.orchestrator.snapshots import SETUP_OWNER, SnapshotService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
 from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
 from corral.tools import Toolbox, check_tool_allowed, summarize_arguments
@@ -584,22 +584,32 @@ class AgentService:
     async def _from_setup_snapshot(
         self, session_id: str, setup_key: str | None, task: TaskContext, repo: RepoRef | None
     ) -> bool:
-        """Start the session from the snapshot an earlier session took after the same setup; False when there is
-        none (or it cannot be restored: then the session sets up as usual)."""
+        """Start the session from the snapshot an earlier session took after the same setup: a workspace of the
+        snapshot's setup pool when one is ready, else one restored now. False when there is none (or it cannot be
+        restored: then the session sets up as usual)."""
         if setup_key is None or self.snapshots is None:
             return False
         snapshot = await self.store.snapshots.find_setup(setup_key)
         if snapshot is None:
             return False
-        metadata = {**_metadata(session_id, task, repo), "setup": {"source": "snapshot", "snapshot_id": snapshot.id}}
+        task_metadata = _metadata(session_id, task, repo)
+        setup = {"source": "snapshot", "snapshot_id": snapshot.id}
         try:
-            record = await self.snapshots.restore(snapshot.id, metadata=metadata)
+            # Its setup pool holds workspaces restored from exactly this snapshot, ready in milliseconds.
+            record = await self.snapshots.restore_warm(
+                snapshot.id, metadata={**task_metadata, "setup": {**setup, "warm_pool": True}}
+            )
+            if record is None:
+                record = await self.snapshots.restore(snapshot.id, metadata={**task_metadata, "setup": setup})
         except Exception as exc:  # whatever went wrong, the session still gets a workspace: set it up as usual
             log.warning("session %s: setup snapshot %s not restored (%s); setting up", session_id, snapshot.id, exc)
             return False
         await self.store.sessions.update(session_id, workspace_id=record.id)
         await self._finish(session_id, status="active", workspace_id=record.id)
-        log.info("session %s: started from setup snapshot %s (checkout and setup skipped)", session_id, snapshot.id)
+        how = "from its warm pool" if record.from_warm_pool else "restored now"
+        log.info(
+            "session %s: started from setup snapshot %s, %s (checkout and setup skipped)", session_id, snapshot.id, how
+        )
         return True
 
     async def _snapshot_setup(
@@ -607,9 +617,14 @@ class AgentService:
     ) -> list[str]:
         """Snapshot the freshly set-up workspace for later sessions; returns warnings (a failure is one)."""
         assert self.snapshots is not None
+        session = await self.store.sessions.get(session_id)
+        owner = {SETUP_OWNER: session.agent_type_id} if session is not None else {}  # its type's newest gets a pool
         try:
             snapshot = await self.snapshots.create(
-                workspace_id, name=f"setup-{setup_key[:12]}", setup_key=setup_key, metadata={"session_id": session_id}
+                workspace_id,
+                name=f"setup-{setup_key[:12]}",
+                setup_key=setup_key,
+                metadata={"session_id": session_id, **owner},
             )
         except CorralError as exc:
             return [f"could not snapshot the workspace after setup ({exc.message}); the next session sets up again"]

@@ -2,9 +2,10 @@
 
 Nothing is created at import time; everything lives on ``app.state`` for the app's lifetime and is closed on shutdown.
 
-Start-up order matters: reconciliation first (records and runtime agree), then sessions a previous server left
-``provisioning`` are provisioned again (:meth:`~corral.agents.sessions.AgentService.resume_interrupted`). The data
-directory (database, api-token, secret-key) is kept private: mode 0700, its files 0600.
+Start-up order matters: the setup snapshots' warm pools are registered first (reconciliation keeps the warm
+workspaces of configured pools only), then reconciliation (records and runtime agree), then sessions a previous
+server left ``provisioning`` are provisioned again (:meth:`~corral.agents.sessions.AgentService.resume_interrupted`).
+The data directory (database, api-token, secret-key) is kept private: mode 0700, its files 0600.
 """
 
 from __future__ import annotations
@@ -86,6 +87,14 @@ def resolve_api_token(settings: Settings) -> str:
     return token
 
 
+async def _reconcile_at_start(service: WorkspaceService, snapshots: SnapshotService, pools: WarmPools) -> None:
+    """Records, runtime and warm pools agree again after a restart (or a crash)."""
+    await snapshots.sync_setup_pools()  # before reconcile, so the setup pools' warm workspaces are adopted back
+    await reconcile(service, pool_keys=pools.keys)
+    await reconcile_snapshots(service, service.store)
+    await snapshots.sync_setup_pools()  # a setup snapshot whose files vanished loses its pool
+
+
 def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | None = None) -> FastAPI:
     """Build the API. ``providers`` replaces the configured ones (tests pass fakes here)."""
 
@@ -106,13 +115,13 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         pools = WarmPools(pool_specs(settings, default_provider=next(iter(choice), None), configured=built))
         service = WorkspaceService(settings, store, built, monitor, pools=pools)
         await service.probe_providers()  # isolation and host size, so answers name their isolation at once
-        await reconcile(service, pool_keys=pools.keys)
-        await reconcile_snapshots(service, store)
         snapshots = SnapshotService(
             service,
             store,
             storage_limit=parse_size(settings.snapshot_storage_limit, field_name="CORRAL_SNAPSHOT_STORAGE_LIMIT"),
+            setup_pool_size=settings.setup_pool_size,
         )
+        await _reconcile_at_start(service, snapshots, pools)
         disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
         reaper = Reaper(
             service,

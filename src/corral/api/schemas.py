@@ -245,6 +245,8 @@ class PoolModel(BaseModel):
     image: str
     resource_limits: dict[str, str]
     network: str
+    snapshot_id: str | None = None
+    """The snapshot its workspaces are restored from (an agent type's setup pool); None: created fresh."""
     target: int
     size: int
     creating: int

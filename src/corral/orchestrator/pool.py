@@ -6,6 +6,12 @@ ordinary workspace record with ``pool_key`` set; handing it out is one atomic cl
 restart finds its pool in the database. A request gets a warm workspace only when the provider that selection
 chooses for it and the rest of the key match; otherwise it cold-starts and the miss is logged with its reason.
 Every assignment triggers a background refill.
+
+A pool may instead hold workspaces restored from one snapshot (``PoolSpec.snapshot_id``: an agent type's setup
+snapshot, see :class:`~corral.orchestrator.snapshots.SnapshotService`). Its key is the snapshot's own
+(:func:`snapshot_pool_key`), so only a request for exactly that snapshot gets one of its workspaces
+(:meth:`WarmPools.acquire_restored`). Such pools come and go while the server runs (:meth:`WarmPools.add`,
+:meth:`WarmPools.remove`); removing one destroys its workspaces.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from corral.settings import Settings
 from corral.store import UNSET, ProviderAttempt, Unset, WorkspaceRecord, WorkspaceStatus
 from corral.values import ResourceLimits
 
-__all__ = ["Claim", "PoolBackend", "PoolSpec", "WarmPools", "pool_specs"]
+__all__ = ["Claim", "PoolBackend", "PoolSpec", "WarmPools", "pool_specs", "snapshot_pool_key"]
 
 log = logging.getLogger(__name__)
 FILL_CONCURRENCY = 2
@@ -41,10 +47,15 @@ class PoolSpec:
     limits: ResourceLimits
     network: str
     size: int
+    snapshot_id: str | None = None
+    """Set for a pool of workspaces restored from this snapshot (of ``provider``, with its image, limits and
+    network) instead of created fresh; only requests for that snapshot get them."""
 
     @property
     def key(self) -> str:
         """The pool key stored on warm workspace records."""
+        if self.snapshot_id is not None:
+            return snapshot_pool_key(self.snapshot_id)
         return pool_key(self.provider, self.image, self.limits, self.network)
 
 
@@ -52,6 +63,12 @@ def pool_key(provider: str, image: str, limits: ResourceLimits, network: str) ->
     """``gvisor|corral/workspace:base|2|4G|10G|isolated``."""
     shape = limits.to_json()
     return "|".join((provider, image, shape["cpu"], shape["memory"], shape["disk"], network))
+
+
+def snapshot_pool_key(snapshot_id: str) -> str:
+    """``snapshot|<id>``: the key of the pool restored from one snapshot (no provider is called ``snapshot``, so it
+    never equals a shape's key)."""
+    return f"snapshot|{snapshot_id}"
 
 
 def pool_specs(settings: Settings, *, default_provider: str | None, configured: Collection[str]) -> list[PoolSpec]:
@@ -121,6 +138,8 @@ class _PoolState:
     miss_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
     last_error: str | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    removed: bool = False
+    """Set by :meth:`WarmPools.remove`: a refill that was waiting for the lock must not make more."""
 
 
 class PoolBackend(Protocol):
@@ -157,6 +176,7 @@ class WarmPools:
         self._retries: set[asyncio.Task[Any]] = set()
         self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
         self._closing = False
+        self._started = False
 
     def attach(self, backend: PoolBackend) -> None:
         """Give the pools the service that does their work (the service calls this when it is handed the pools)."""
@@ -174,10 +194,48 @@ class WarmPools:
         """Every configured pool key."""
         return list(self._pools)
 
+    @property
+    def specs(self) -> list[PoolSpec]:
+        """Every configured pool."""
+        return [state.spec for state in self._pools.values()]
+
+    def add(self, spec: PoolSpec) -> bool:
+        """Configure one more pool while the server runs (filled in the background once the pools started);
+        returns False when it is empty by design (size 0), already configured, or the pools are closing."""
+        if spec.size <= 0 or spec.key in self._pools or self._closing:
+            return False
+        self._pools[spec.key] = _PoolState(spec)
+        if self._started:
+            self.schedule_refill(spec.key)
+        return True
+
+    async def remove(self, key: str) -> int:
+        """Stop serving and refilling the pool ``key`` and destroy its warm workspaces; returns how many.
+
+        Each one is taken out with the same atomic claim a request uses, so a workspace a request claimed a moment
+        earlier is left to that request and never destroyed under it. A refill in progress is waited for.
+        """
+        state = self._pools.pop(key, None)
+        if state is None:
+            return 0
+        state.removed = True
+        async with state.lock:  # a refill holds it while creating: its workspaces exist (or failed) afterwards
+            drained = 0
+            while (record := await self.backend.claim_warm(key, Claim(), "agent_workspace")) is not None:
+                await self.backend.discard(record.id)
+                drained += 1
+            # Left "creating" by a server that stopped mid-create (none otherwise: the lock is held).
+            for record in await self.backend.warm_records(key, ("creating", "ready")):
+                await self.backend.discard(record.id)
+                drained += 1
+        log.info("warm pool %s removed; %d warm workspace(s) destroyed", key, drained)
+        return drained
+
     # --- filling -------------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Fill every pool in the background (the server answers while pools fill)."""
+        self._started = True
         for key in self._pools:
             self.schedule_refill(key)
 
@@ -190,16 +248,21 @@ class WarmPools:
         task.add_done_callback(self._refills.discard)
 
     async def refill(self, key: str) -> int:
-        """Create workspaces until the pool holds its target; returns how many were created."""
-        state = self._pools[key]
+        """Create workspaces until the pool holds its target; returns how many were created (0 for a pool that is
+        not, or no longer, configured)."""
+        state = self._pools.get(key)
+        if state is None:
+            return 0
         async with state.lock:
+            if state.removed:
+                return 0
             have = len(await self.backend.warm_records(key, ("creating", "ready")))
             missing = max(state.spec.size - have, 0)
             if missing == 0:
                 return 0
             results = await asyncio.gather(*(self._create_one(state) for _ in range(missing)))
         created = sum(results)
-        if created < missing and not self._closing:
+        if created < missing and not self._closing and not state.removed:
             # The provider failed; try again later rather than spinning.
             self._later(RETRY_AFTER_FAILURE_S, key)
         return created
@@ -255,6 +318,23 @@ class WarmPools:
         if state is None:
             self._record_unpooled_miss(provider, image, limits, network)
             return None
+        return await self._claim(state, claim, container_type)
+
+    async def acquire_restored(self, snapshot_id: str, *, claim: Claim | None = None) -> WorkspaceRecord | None:
+        """A warm workspace already restored from ``snapshot_id``, or None (no such pool, or it is empty).
+
+        Only the pool of exactly this snapshot is asked, so a workspace restored from another snapshot (an older
+        setup of the same agent type, say) is never handed out for it.
+        """
+        state = self._pools.get(snapshot_pool_key(snapshot_id))
+        if state is None:
+            log.info("warm pool miss (no pool for snapshot %s); restoring on demand", snapshot_id)
+            return None
+        return await self._claim(state, claim or Claim(), "agent_workspace")
+
+    async def _claim(self, state: _PoolState, claim: Claim, container_type: str) -> WorkspaceRecord | None:
+        """Take a live workspace out of the pool (refilling it meanwhile), or None when it is empty."""
+        key = state.spec.key
         while True:
             record = await self.backend.claim_warm(key, claim, container_type)
             if record is None:
@@ -277,6 +357,8 @@ class WarmPools:
         """Count a miss on the pool it came closest to, with the reason, and log it."""
         for state in self._pools.values():
             spec = state.spec
+            if spec.snapshot_id is not None:
+                continue  # restored from a snapshot: no plain request is near it
             if (spec.image, spec.limits, spec.network) == (image, limits, network):
                 reason = "provider mismatch"
                 detail = f"the pool holds {spec.provider} workspaces, selection chose {provider}"
@@ -296,9 +378,10 @@ class WarmPools:
     # --- status and shutdown -------------------------------------------------------------------------------------
 
     async def status(self) -> list[dict[str, Any]]:
-        """Per pool: provider, image, limits, network, target, current size, hits, misses and reasons."""
+        """Per pool: provider, image, limits, network, the snapshot it restores (None for fresh workspaces),
+        target, current size, hits, misses and reasons."""
         out = []
-        for key, state in self._pools.items():
+        for key, state in list(self._pools.items()):  # pools may be added or removed while this awaits
             ready = await self.backend.warm_records(key, ("ready",))
             creating = await self.backend.warm_records(key, ("creating",))
             spec = state.spec
@@ -309,6 +392,7 @@ class WarmPools:
                     "image": spec.image,
                     "resource_limits": spec.limits.to_json(),
                     "network": spec.network,
+                    "snapshot_id": spec.snapshot_id,
                     "target": spec.size,
                     "size": len(ready),
                     "creating": len(creating),
@@ -336,6 +420,6 @@ class WarmPools:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if drain:
-            for key in self._pools:
+            for key in list(self._pools):
                 for record in await self.backend.warm_records(key, ("creating", "ready")):
                     await self.backend.discard(record.id)

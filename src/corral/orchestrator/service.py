@@ -64,7 +64,7 @@ from corral.providers.base import (
 )
 from corral.providers.registry import KNOWN_PROVIDERS, PROVIDER_NAMES
 from corral.settings import Settings
-from corral.store import ProviderAttempt, Store, WorkspaceRecord, WorkspaceStatus
+from corral.store import UNSET, ProviderAttempt, Store, WorkspaceRecord, WorkspaceStatus
 
 __all__ = ["CreateWorkspace", "ProviderProfile", "WorkspaceRuntime", "WorkspaceService", "host_resources"]
 
@@ -289,10 +289,13 @@ class WorkspaceService:
     # --- warm pools' work (PoolBackend) ---------------------------------------------------------------------------
 
     async def create_warm(self, spec: PoolSpec) -> None:
-        """Create one ready workspace for a pool; its record carries the pool key until a request claims it."""
+        """Create one ready workspace for a pool (restored from the pool's snapshot, for a snapshot's pool); its
+        record carries the pool key until a request claims it."""
         provider = self.providers.get(spec.provider)
         if provider is None:
             raise ProviderUnavailableError(spec.provider, "not configured on this server")
+        if spec.snapshot_id is not None and not isinstance(provider, Snapshotter):
+            raise ProviderUnavailableError(spec.provider, "it cannot restore snapshots")
         # Store calls are shielded: the pools cancel refills on shutdown, and a database call cut in half could leave
         # SQLite's write lock held. A cancelled provider create cleans up after itself; its record stays
         # "creating" in the pool, so the drain (or reconciliation) removes it.
@@ -305,6 +308,7 @@ class WorkspaceService:
                 base_image=spec.image,
                 provider=spec.provider,
                 pool_key=spec.key,
+                metadata={"from_snapshot": spec.snapshot_id} if spec.snapshot_id is not None else None,
             )
         )
         workspace_spec = WorkspaceSpec(
@@ -314,11 +318,17 @@ class WorkspaceService:
             network=spec.network,  # type: ignore[arg-type]  # validated when the pool was configured
         )
         try:
-            await provider.create(workspace_spec)
+            if spec.snapshot_id is not None:
+                assert isinstance(provider, Snapshotter)  # checked above
+                await provider.restore(workspace_spec, spec.snapshot_id)
+            else:
+                await provider.create(workspace_spec)
         except CorralError as exc:
             await asyncio.shield(self.store.workspaces.update(record.id, status="destroyed", error=exc.message))
             raise
-        await asyncio.shield(self.store.workspaces.update(record.id, status="ready"))
+        # A claim keeps the warnings written here: the isolation notice restore() gives its workspaces.
+        warnings = self._provider_warnings(spec.provider) if spec.snapshot_id is not None else UNSET
+        await asyncio.shield(self.store.workspaces.update(record.id, status="ready", warnings=warnings))
 
     async def claim_warm(self, key: str, claim: Claim, container_type: str) -> WorkspaceRecord | None:
         """Take the oldest ready workspace out of a pool in one statement that also writes ``claim`` on it."""
@@ -446,6 +456,16 @@ class WorkspaceService:
                 f"container_type: {request.container_type!r} is not allowed; use 'agent_workspace' or 'mcp_server'",
                 details={"field": "container_type"},
             )
+
+    async def restore_if_warm(self, snapshot_id: str, metadata: Mapping[str, Any]) -> WorkspaceRecord | None:
+        """A workspace restored ahead of time from the snapshot, out of its warm pool with ``metadata`` written on
+        it, or None when no pool holds one (nothing is restored here)."""
+        if self.pools is None:
+            return None
+        record = await self.pools.acquire_restored(snapshot_id, claim=Claim(metadata=metadata))
+        if record is not None:
+            self._live[record.id] = (record.provider or "", "ready")
+        return record
 
     async def create_if_warm(self, request: CreateWorkspace) -> WorkspaceRecord | None:
         """A warm workspace for this request if a pool has one, else None (no cold start is attempted)."""

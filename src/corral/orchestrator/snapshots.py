@@ -13,6 +13,13 @@ A fork is a snapshot restored N times: the snapshot is taken once (the source is
 the forks are restored from it concurrently, and the snapshot is deleted afterwards (restored workspaces keep what
 they need). The runtime calls go through :class:`~corral.orchestrator.service.WorkspaceService`, which owns
 workspace records.
+
+Setup pools ("set up once, start many", served warm): the newest ready setup snapshot of each agent type (a
+snapshot with a ``setup_key``; ``metadata.agent_type_id`` names the type) gets a warm pool of ``setup_pool_size``
+workspaces restored from it ahead of time (:meth:`SnapshotService.sync_setup_pools`). A newer setup snapshot of the
+same type (a new commit, a changed config) supersedes it: the old pool is drained. Deleting a snapshot drains its pool
+before its files go. One pool per agent type keeps the number of warm workspaces bounded however many branches a
+type's sessions check out.
 """
 
 from __future__ import annotations
@@ -33,11 +40,12 @@ from corral.errors import (
     SnapshotNotFoundError,
     WorkspaceStateError,
 )
+from corral.orchestrator.pool import PoolSpec, snapshot_pool_key
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.store import SnapshotRecord, Store, WorkspaceRecord
 from corral.values import ResourceLimits
 
-__all__ = ["MAX_FORKS", "SnapshotReconcileReport", "SnapshotService", "reconcile_snapshots"]
+__all__ = ["MAX_FORKS", "SETUP_OWNER", "SnapshotReconcileReport", "SnapshotService", "reconcile_snapshots"]
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +53,25 @@ MAX_FORKS = 16
 """The most workspaces one fork call makes."""
 RESTORE_CONCURRENCY = 4
 """Restores run at once during a fork: each is mostly copying and a gVisor restore, bounded by the host."""
+SETUP_OWNER = "agent_type_id"
+"""The metadata key of a setup snapshot naming its agent type: of one type's setup snapshots only the newest has a
+pool."""
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class SnapshotService:
     """Create, list, delete and restore snapshots; fork workspaces."""
 
-    def __init__(self, workspaces: WorkspaceService, store: Store, *, storage_limit: int) -> None:
+    def __init__(
+        self, workspaces: WorkspaceService, store: Store, *, storage_limit: int, setup_pool_size: int = 0
+    ) -> None:
+        """``setup_pool_size`` warm workspaces are kept restored from each agent type's newest setup snapshot
+        (CORRAL_SETUP_POOL_SIZE); 0, or a workspace service without warm pools, keeps none."""
         self.workspaces = workspaces
         self.store = store
         self.storage_limit = storage_limit
+        self.setup_pool_size = setup_pool_size
+        self._setup_pools = asyncio.Lock()  # one change of the set of setup pools at a time
 
     async def create(
         self,
@@ -119,6 +136,8 @@ class SnapshotService:
                 "limit (CORRAL_SNAPSHOT_STORAGE_LIMIT); it was removed",
                 details={"size_bytes": info.size_bytes, "used_bytes": total, "limit_bytes": self.storage_limit},
             )
+        if setup_key is not None:
+            await self._sync_quietly()
         return record
 
     async def _fail(self, record: SnapshotRecord, reason: str) -> None:
@@ -151,8 +170,13 @@ class SnapshotService:
             SnapshotNotFoundError: no snapshot with that id.
         """
         record = await self.get(snapshot_id)
-        await self.workspaces.remove_snapshot(record.provider, record.id)
-        await self.store.snapshots.delete(record.id)
+        async with self._setup_pools:  # no pool may be (re)made for it while its files go
+            if self.workspaces.pools is not None:
+                await self.workspaces.pools.remove(snapshot_pool_key(record.id))
+            await self.workspaces.remove_snapshot(record.provider, record.id)
+            await self.store.snapshots.delete(record.id)
+        if record.setup_key is not None:
+            await self._sync_quietly()  # the type's previous setup snapshot, if ready, is its newest now
 
     async def restore(self, snapshot_id: str, *, metadata: Mapping[str, Any] | None = None) -> WorkspaceRecord:
         """A new ready workspace from a ready snapshot: its files, and its processes and memory when it has them.
@@ -180,6 +204,62 @@ class SnapshotService:
             ),
             metadata={**(metadata or {}), "from_snapshot": record.id},
         )
+
+    async def restore_warm(self, snapshot_id: str, *, metadata: Mapping[str, Any]) -> WorkspaceRecord | None:
+        """A workspace restored from the snapshot ahead of time, out of its setup pool, or None when the pool is
+        empty or the snapshot has none (restore it on demand then)."""
+        return await self.workspaces.restore_if_warm(snapshot_id, {**metadata, "from_snapshot": snapshot_id})
+
+    async def sync_setup_pools(self) -> None:
+        """Make the setup pools match the snapshots: one pool for each agent type's newest ready setup snapshot
+        (restorable here, of an agent workspace), and none for any other snapshot (superseded, failed, deleted).
+
+        Call at start-up before reconciliation (so the pools' warm workspaces are adopted back) and again after
+        snapshot reconciliation (a snapshot whose files vanished loses its pool); creating and deleting setup
+        snapshots calls it too.
+        """
+        pools = self.workspaces.pools
+        if pools is None:
+            return
+        async with self._setup_pools:
+            wanted = await self._wanted_setup_pools()
+            for spec in wanted:
+                if pools.add(spec):
+                    log.info("setup pool for snapshot %s: %d warm workspace(s)", spec.snapshot_id, spec.size)
+            keep = {spec.key for spec in wanted}
+            for spec in pools.specs:
+                if spec.snapshot_id is not None and spec.key not in keep:
+                    await pools.remove(spec.key)
+
+    async def _wanted_setup_pools(self) -> list[PoolSpec]:
+        if self.setup_pool_size <= 0:
+            return []
+        newest: dict[str, SnapshotRecord] = {}
+        for record in await self.store.snapshots.list(statuses="ready"):  # newest first
+            if record.setup_key is None or record.container_type != "agent_workspace":
+                continue  # pools hold agent workspaces only; an MCP server's setup snapshot is restored on demand
+            if record.provider not in self.workspaces.providers:
+                continue
+            owner = record.metadata.get(SETUP_OWNER)
+            newest.setdefault(owner if isinstance(owner, str) else f"key:{record.setup_key}", record)
+        return [
+            PoolSpec(
+                provider=record.provider,
+                image=record.base_image,
+                limits=ResourceLimits.parse(record.resource_limits),
+                network=record.network,
+                size=self.setup_pool_size,
+                snapshot_id=record.id,
+            )
+            for record in newest.values()
+        ]
+
+    async def _sync_quietly(self) -> None:
+        """:meth:`sync_setup_pools`, where a failure must not fail the snapshot call that made it necessary."""
+        try:
+            await self.sync_setup_pools()
+        except CorralError as exc:
+            log.warning("setup pools not updated: %s", exc.message)
 
     async def fork(self, workspace_id: str, count: int) -> list[WorkspaceRecord]:
         """``count`` new workspaces, each with the source's files and running processes; the source carries on.
