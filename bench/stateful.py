@@ -350,10 +350,6 @@ class _PauseSamples:
     raw: list[_RawPause] = field(default_factory=list)
 
 
-IDLE_PYTHON = "import signal; signal.pause()"
-"""The main command of the second idle plain container: an idle Python process, as Corral's spawner is."""
-
-
 async def pause_resume(bench: Bench) -> None:
     """Pause/resume cycles of an idle workspace and of one holding memory, Corral and raw interleaved round by
     round (round 0 is the warm-up); then a check that the holders still hold their memory."""
@@ -409,8 +405,8 @@ async def pause_resume(bench: Bench) -> None:
         "workspace whose agent is connected (it ran `true` just before); pause first ends the agent's docker-exec "
         "stream and waits for its process to exit (gVisor cannot checkpoint a process holding docker-exec FDs), and "
         "the next exec starts a new agent, so the resume that counts ends when `true` has answered through it. "
-        "Idle: the plain containers run `sleep infinity` (the plain container of every other row) and an idle "
-        f"Python process (`{IDLE_PYTHON}`, as Corral's main process is its Python spawner). Holding memory: a "
+        "Idle: the plain container runs `sleep infinity` (the plain container of every other row); Corral's holds "
+        "docker-init and its static spawner (src/corral/guest/spawner.c). Holding memory: a "
         f"process started through an exec with setsid keeps bytearray(os.urandom({mib} MiB)); the plain "
         "container's main command is that process (gVisor does not restore what `docker exec` started). Raw = "
         "`docker checkpoint create` (exit), `docker start --checkpoint` (the checkpoint is removed after the clock; "
@@ -439,9 +435,7 @@ async def _pause_variant(bench: Bench, clock: CallClock, restarts: RawRestarts, 
     workspace: str | None = None
     containers: list[PlainContainer | None] = []
     cmds: dict[str, list[str] | None] = (
-        {"holder": ["python3", "-c", holder_program(bench.config.held_mib)]}
-        if held
-        else {"sleep infinity": None, "idle python3": ["python3", "-c", IDLE_PYTHON]}
+        {"holder": ["python3", "-c", holder_program(bench.config.held_mib)]} if held else {"sleep infinity": None}
     )
 
     async def new_workspace() -> tuple[str, str]:
@@ -695,13 +689,12 @@ async def forks_and_snapshots(bench: Bench) -> None:
             try:
                 runtime = bench.settings.gvisor_runtime
                 plain.append(await bench.plain.run(runtime))
-                plain.append(await bench.plain.run(runtime, cmd=["python3", "-c", IDLE_PYTHON]))
                 plain.append(await plain_holder(bench))
-                idle_plain = {"sleep infinity": plain[0], "idle python3": plain[1]}
+                idle_plain = {"sleep infinity": plain[0]}
                 snaps = {
                     "idle": await _snapshot_rounds(bench, stack, clock, idle_ws, idle_plain, rounds),
                     f"holding {mib} MB": await _snapshot_rounds(
-                        bench, stack, clock, held_ws, {"holder": plain[2]}, rounds
+                        bench, stack, clock, held_ws, {"holder": plain[1]}, rounds
                     ),
                 }
                 fork = await _fork_rounds(bench, stack, clock, restarts, idle_ws, idle_plain, rounds, n)
@@ -752,8 +745,8 @@ async def forks_and_snapshots(bench: Bench) -> None:
         "filesystem committed, its /workspace volume copied, the checkpoint hard-linked into the snapshot "
         "directory, and the workspace restored from that checkpoint; then deleted (untimed). size_bytes = the "
         "image's layer on top of the base image + the volume copy + the memory checkpoint. Raw = `docker "
-        "checkpoint create --leave-running` + `docker commit` of plain runsc containers (idle: `sleep infinity` and "
-        f"`{IDLE_PYTHON}`; memory: the holder as main command); size = du of the checkpoint directory only. Sizes "
+        "checkpoint create --leave-running` + `docker commit` of plain runsc containers (idle: `sleep infinity`; "
+        "memory: the holder as main command); size = du of the checkpoint directory only. Sizes "
         f"(p50 bytes): {'; '.join(sizes)}.",
         f"Fork x{n}: {rounds} round(s) after a warm-up fork of 2. Corral = SnapshotService.fork (one snapshot, "
         f"{n} restores four at a time, the snapshot deleted at the end), each fork checked ready and one answering "

@@ -51,7 +51,6 @@ import socket
 import stat as statlib
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -251,7 +250,7 @@ class Agent:
     def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> Process:
         """Start a command with its own session, stdin from /dev/null and stdout/stderr piped to the agent.
 
-        Through the spawner when the container runs one (see :func:`spawner_main`), so that the command belongs to
+        Through the spawner when the container runs one (see "the spawner" below), so that the command belongs to
         the container's own process tree and survives a checkpoint; else (an older container, a spawner killed by
         the workspace) as the agent's own child.
         """
@@ -1023,16 +1022,15 @@ def not_dumpable() -> None:
 # --- the spawner ---------------------------------------------------------------------------------------------------
 #
 # gVisor restores only the container's own process tree after a checkpoint: processes started by `docker exec` (the
-# agent) and everything they start are gone. So the container's main process is this spawner (`agent.py --spawner`,
-# from the same read-only runtime), and the agent asks it to start every command: commands, and the daemons they
-# leave behind, are the spawner's children and come back after a restore. The spawner gives the workspace nothing
-# it does not have: anyone in it is root in it already.
+# agent) and everything they start are gone. So the container's main process is a spawner (spawner.c, a static
+# binary in the same read-only runtime), and the agent asks it to start every command: commands, and the daemons they
+# leave behind, are the spawner's children and come back after a restore. Its protocol is in spawner.c.
 
 SPAWNER_SOCKET = "/run/corral/spawner.sock"
 SPAWNER_BOOT_S = 10.0
-SPAWN_REQUEST_MAX = 4 * 1024 * 1024
 SPAWNER_REPLY_S = 10.0
 SPAWNER_MESSAGE_MAX = 64 * 1024
+_SPAWN_ERRORS = {errno.ENOENT: FileNotFoundError, errno.EACCES: PermissionError}
 
 
 class Spawned:
@@ -1050,11 +1048,14 @@ class Spawned:
     @classmethod
     def start(cls, sock: socket.socket, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
         """Ask the spawner to start ``argv``; raises FileNotFoundError/PermissionError/OSError as Popen would."""
+        strings = [str(len(argv)), str(len(env)), cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+        if any("\0" in item for item in strings):
+            raise ValueError("embedded null byte")  # what Popen raises for one
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         null = os.open(os.devnull, os.O_RDONLY)
         try:
-            request = json.dumps({"argv": argv, "cwd": cwd, "env": env}).encode()
+            request = b"".join(item.encode("utf-8", "surrogateescape") + b"\0" for item in strings)
             socket.send_fds(sock, [struct.pack(">I", len(request))], [null, out_w, err_w])
             sock.sendall(request)
         except OSError:
@@ -1067,22 +1068,21 @@ class Spawned:
                 os.close(fd)
         spawned = cls(sock, 0, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
         try:
-            reply = spawned.message(SPAWNER_REPLY_S)  # a spawner that never answers must not hold a worker
+            kind, value = spawned.message(SPAWNER_REPLY_S)  # a spawner that never answers must not hold a worker
         except subprocess.TimeoutExpired:
-            reply = {"error": "os", "errno": errno.ETIMEDOUT, "message": "the spawner did not answer"}
-        if "pid" not in reply:
-            spawned.close()
-            kind, name = reply.get("error"), reply.get("filename")
-            if kind == "not_found":
-                raise FileNotFoundError(errno.ENOENT, "not found", name)
-            if kind == "permission":
-                raise PermissionError(errno.EACCES, "permission denied", name)
-            raise OSError(int(reply.get("errno") or errno.EIO), str(reply.get("message") or "spawn failed"))
-        spawned.pid = int(reply["pid"])
-        return spawned
+            kind, value = "error fork", errno.ETIMEDOUT
+        if kind == "pid":
+            spawned.pid = value
+            return spawned
+        spawned.close()
+        if kind == "error exec" or kind == "error cwd":
+            filename = argv[0] if kind == "error exec" else cwd
+            raise _SPAWN_ERRORS.get(value, OSError)(value, os.strerror(value), filename)
+        raise OSError(value or errno.EIO, "the spawner could not start the command")
 
-    def message(self, timeout: float | None) -> dict[str, Any]:
-        """The spawner's next message; ``{}`` when the connection ended (the spawner died: the command is lost)."""
+    def message(self, timeout: float | None) -> tuple[str, int]:
+        """The spawner's next message (``("pid", 42)``, ``("exit", 0)``...); ``("", 0)`` when the connection ended
+        or said something else (the spawner died: the command is lost)."""
         self.sock.settimeout(timeout)
         while b"\n" not in self.buffer:
             try:
@@ -1092,14 +1092,14 @@ class Spawned:
             except OSError:
                 data = b""
             if not data or len(self.buffer) + len(data) > SPAWNER_MESSAGE_MAX:
-                return {}
+                return "", 0
             self.buffer += data
         line, self.buffer = self.buffer.split(b"\n", 1)
+        kind, _, value = line.decode("ascii", "replace").rpartition(" ")
         try:
-            value = json.loads(line)
+            return kind, int(value)
         except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
+            return "", 0
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -1112,9 +1112,9 @@ class Spawned:
             self.finish(self.message(timeout))
         return self.returncode
 
-    def finish(self, message: dict[str, Any]) -> None:
-        code = message.get("exit")
-        self.returncode = int(code) if isinstance(code, int) else -signal.SIGKILL
+    def finish(self, message: tuple[str, int]) -> None:
+        kind, code = message
+        self.returncode = code if kind == "exit" else -signal.SIGKILL
         self.sock.close()
 
     def close(self) -> None:
@@ -1125,71 +1125,6 @@ class Spawned:
 
 
 Process = subprocess.Popen[bytes] | Spawned
-
-
-def spawner_main() -> None:
-    """The container's main process: start commands for the agent (see above), one thread per command."""
-    os.makedirs(os.path.dirname(SPAWNER_SOCKET), mode=0o700, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(SPAWNER_SOCKET)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(SPAWNER_SOCKET)
-    os.chmod(SPAWNER_SOCKET, 0o600)
-    server.listen(128)
-    while True:
-        conn, _ = server.accept()
-        threading.Thread(target=serve_spawn, args=(conn,), daemon=True).start()
-
-
-def serve_spawn(conn: socket.socket) -> None:
-    fds: list[int] = []
-    with conn:
-        try:
-            head, fds, _, _ = socket.recv_fds(conn, 4, 3)
-            while len(head) < 4:
-                more = conn.recv(4 - len(head))
-                if not more:
-                    return
-                head += more
-            size = struct.unpack(">I", head)[0]
-            if size > SPAWN_REQUEST_MAX or len(fds) != 3:
-                return
-            body = b""
-            while len(body) < size:
-                more = conn.recv(min(65536, size - len(body)))
-                if not more:
-                    return
-                body += more
-            request = json.loads(body)
-            try:
-                proc = subprocess.Popen(
-                    [str(a) for a in request["argv"]],
-                    cwd=str(request["cwd"]),
-                    env={str(k): str(v) for k, v in request["env"].items()},
-                    stdin=fds[0],
-                    stdout=fds[1],
-                    stderr=fds[2],
-                    start_new_session=True,
-                )
-            except FileNotFoundError as exc:
-                reply: dict[str, Any] = {"error": "not_found", "filename": exc.filename}
-            except PermissionError as exc:
-                reply = {"error": "permission", "filename": exc.filename}
-            except OSError as exc:
-                reply = {"error": "os", "errno": exc.errno, "message": str(exc)}
-            else:
-                reply = {"pid": proc.pid}
-            finally:
-                for fd in fds:
-                    os.close(fd)
-                fds = []
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-            if "pid" in reply:
-                conn.sendall(json.dumps({"exit": proc.wait()}).encode() + b"\n")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            for fd in fds:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
 
 
 def main() -> None:
@@ -1204,7 +1139,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--spawner"]:
-        spawner_main()
-    else:
-        main()
+    main()

@@ -7,6 +7,8 @@ swapped for an impostor that stays there for good. So the agent runs from a dire
 read-only at ``/.corral``:
 
 * ``agent.py``: the agent's source;
+* ``spawner``: the workspace's main process, which starts the agent's commands (``corral/guest/spawner.c``,
+  compiled on the host with ``gcc -static``, so it needs nothing from the image);
 * ``bin/python3`` and ``lib/python3.11/``: the base image's interpreter and standard library (the interpreter sits
   one level down so that both places Python looks for a ``pyvenv.cfg``, its own directory and the parent, are on
   the read-only mount);
@@ -47,7 +49,15 @@ from corral.errors import ProviderUnavailableError
 from corral.guest.agent import LOADER_VARIABLES
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 
-__all__ = ["AGENT_COMMAND", "LOADER_VARIABLES", "RUNTIME_MOUNT", "AgentRuntime", "agent_environment", "agent_source"]
+__all__ = [
+    "AGENT_COMMAND",
+    "LOADER_VARIABLES",
+    "RUNTIME_MOUNT",
+    "SPAWNER_COMMAND",
+    "AgentRuntime",
+    "agent_environment",
+    "agent_source",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +75,9 @@ AGENT_COMMAND = [
     f"{RUNTIME_MOUNT}/agent.py",
 ]
 """How the agent is started: absolute paths into the read-only mount only."""
+
+SPAWNER_COMMAND = [f"{RUNTIME_MOUNT}/spawner"]
+"""The container's main process (see ``corral/guest/spawner.c``)."""
 
 # The variables of the container's environment that could steer the loader or libc of the agent's own process (the
 # list glibc ignores for set-uid programs, and the locale): the agent starts with them empty (LC_ALL=C: the C locale
@@ -164,6 +177,11 @@ def agent_source() -> bytes:
     return resources.files("corral.guest").joinpath("agent.py").read_bytes()
 
 
+def spawner_source() -> bytes:
+    """The spawner's C source, as shipped in this package."""
+    return resources.files("corral.guest").joinpath("spawner.c").read_bytes()
+
+
 class AgentRuntime:
     """Builds (once) and locates the read-only agent runtime for one base image."""
 
@@ -199,7 +217,8 @@ class AgentRuntime:
                 f"the agent runtime is built from the base image {self.image!r}, which is not present; "
                 "run `corral image build` (make bootstrap does it)",
             )
-        digest = hashlib.sha256(agent_source() + BUILD_SCRIPT.encode() + str(image["Id"]).encode()).hexdigest()[:16]
+        recipe = agent_source() + spawner_source() + BUILD_SCRIPT.encode() + str(image["Id"]).encode()
+        digest = hashlib.sha256(recipe).hexdigest()[:16]
         final = self.root / digest
         if (final / "agent.py").is_file():
             await self._seal(final)
@@ -209,6 +228,7 @@ class AgentRuntime:
         building.mkdir(mode=0o755)
         try:
             (building / "agent.py").write_bytes(agent_source())
+            await self._compile_spawner(building / "spawner")
             await self._run_build(building, str(image["Id"]))
             try:
                 building.rename(final)
@@ -249,6 +269,34 @@ class AgentRuntime:
                     f"cannot make the agent runtime {directory} a read-only mount ({' '.join(argv[:3])}: "
                     f"{err.decode(errors='replace').strip()}); Corral must run as root on the Docker host",
                 )
+
+    async def _compile_spawner(self, target: Path) -> None:
+        """Compile spawner.c into ``target``: static, so it runs in any image and maps nothing from it.
+
+        Raises:
+            ProviderUnavailableError: no C compiler, or the compile fails (``make bootstrap`` installs gcc and
+                libc6-dev).
+        """
+        source = target.with_name(".spawner.c")
+        source.write_bytes(spawner_source())
+        argv = ["gcc", "-static", "-Os", "-s", "-Wall", "-o", str(target), str(source)]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            _, err = await asyncio.wait_for(proc.communicate(), BUILD_TIMEOUT_S)
+        except (OSError, TimeoutError) as exc:
+            raise ProviderUnavailableError(
+                self.provider, f"cannot compile the workspace spawner with gcc ({exc}); make bootstrap installs gcc"
+            ) from exc
+        finally:
+            source.unlink(missing_ok=True)
+        if proc.returncode != 0:
+            raise ProviderUnavailableError(
+                self.provider,
+                f"cannot compile the workspace spawner (gcc exit {proc.returncode}): "
+                f"{err.decode(errors='replace').strip()[-2000:]}; make bootstrap installs gcc and libc6-dev",
+            )
 
     async def _run_build(self, directory: Path, image_id: str) -> None:
         name = f"corral-agent-runtime-build-{uuid.uuid4().hex[:8]}"

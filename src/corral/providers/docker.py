@@ -47,7 +47,13 @@ from corral.guest.client import GuestConnection, GuestConnectionLost
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 from corral.providers._host_copy import copy_tree, link_tree, tree_size
 from corral.providers.agent_backed import AgentBackedProvider
-from corral.providers.agent_runtime import AGENT_COMMAND, RUNTIME_MOUNT, AgentRuntime, agent_environment
+from corral.providers.agent_runtime import (
+    AGENT_COMMAND,
+    RUNTIME_MOUNT,
+    SPAWNER_COMMAND,
+    AgentRuntime,
+    agent_environment,
+)
 from corral.providers.base import (
     WORKSPACE_ROOT,
     Capabilities,
@@ -245,9 +251,9 @@ class DockerProvider(AgentBackedProvider):
         limits = spec.limits
         return {
             "Image": spec.image,
-            # The spawner (the agent's file in spawner mode) is the main process: commands are its children, so
-            # gVisor restores them after a checkpoint (it drops everything `docker exec` started).
-            "Cmd": [*AGENT_COMMAND, "--spawner"],
+            # The spawner is the main process: commands are its children, so gVisor restores them after a
+            # checkpoint (it drops everything `docker exec` started).
+            "Cmd": SPAWNER_COMMAND,
             "WorkingDir": WORKSPACE_ROOT,
             "Hostname": hostname(spec.id),
             "Env": [f"{k}={v}" for k, v in spec.env.items()],
@@ -377,18 +383,24 @@ class DockerProvider(AgentBackedProvider):
         if not self.memory_checkpoints:
             await self.stop(workspace_id)  # raises WorkspaceNotFoundError for a missing workspace
             return "filesystem"
-        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
-        if info is None:
-            await self._require_running(workspace_id)  # raises: missing, or stopped by an older Corral
-            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
-        if not info["State"].get("Running"):
+        try:
+            await self._checkpoint(workspace_id, PAUSE_CHECKPOINT)
+        except ProviderUnavailableError:
+            # Asked only now, so a pause costs the checkpoint and nothing before it: why did it fail?
+            info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+            if info is None:
+                await self._require_running(workspace_id)  # raises: missing, or stopped by an older Corral
+                raise WorkspaceNotFoundError(
+                    f"workspace {workspace_id} does not exist", details={"id": workspace_id}
+                ) from None
+            if info["State"].get("Running"):
+                raise
             if await self._paused(workspace_id):
                 return "memory"
             raise WorkspaceStateError(
                 f"workspace {workspace_id} is stopped; only a running workspace can be paused",
                 details={"id": workspace_id},
-            )
-        await self._checkpoint(workspace_id, PAUSE_CHECKPOINT)
+            ) from None
         return "memory"
 
     async def _checkpoint(self, workspace_id: str, name: str) -> None:
@@ -401,8 +413,9 @@ class DockerProvider(AgentBackedProvider):
         except DockerAPIError as exc:
             self._expected_exits.discard(workspace_id)
             raise ProviderUnavailableError(self.name, f"checkpoint of workspace {workspace_id} failed: {exc}") from exc
-        # dockerd answers before it has handled the container's exit (inspect says Running for up to ~0.3 s): wait,
-        # so that state() says paused and a resume or start from the checkpoint finds the container stopped.
+        # dockerd may answer before it has handled the container's exit (inspect says Running for up to ~0.3 s): wait,
+        # so that state() says paused and a resume or start from the checkpoint finds the container stopped. Polled:
+        # the first inspect (2 ms) usually says so already, where POST /wait takes 60-70 ms even then.
         deadline = time.monotonic() + 10.0
         while (info := await self._call(self.engine.inspect_container(container_name(workspace_id)))) is not None:
             if not info["State"].get("Running"):
@@ -631,7 +644,7 @@ class DockerProvider(AgentBackedProvider):
                         *agent_environment(info["Config"].get("Env") or []),
                         *(
                             [f"CORRAL_SPAWNER_SOCKET={SPAWNER_SOCKET}"]
-                            if "--spawner" in (info["Config"].get("Cmd") or [])
+                            if _runs_a_spawner(info["Config"].get("Cmd") or [])
                             else []
                         ),
                     ],
@@ -891,3 +904,9 @@ def _spec_from_json(workspace_id: str, text: str) -> WorkspaceSpec:
         env=data.get("env", {}),
         labels=data.get("labels", {}),
     )
+
+
+def _runs_a_spawner(cmd: list[str]) -> bool:
+    """Whether a container's main process is a spawner: this version's, or the ``agent.py --spawner`` of containers
+    made before it (their read-only runtime holds the matching agent)."""
+    return cmd == SPAWNER_COMMAND or "--spawner" in cmd

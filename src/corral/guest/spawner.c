@@ -1,0 +1,215 @@
+/*
+ * corral-spawner: the main process of every Docker and gVisor workspace. It starts commands for the guest agent.
+ *
+ * gVisor restores only the container's own process tree after a checkpoint: whatever `docker exec` started (the
+ * agent, and every command the agent would start itself) is gone. So the agent asks this process, over
+ * /run/corral/spawner.sock, to start each command; commands, and the daemons they leave behind, belong to the
+ * container's tree and come back after a restore. It gives the workspace nothing it does not have (anyone in it is
+ * root in it already), and it is a small static binary, not a Python interpreter, because everything the sandbox
+ * holds is written out by every checkpoint: an idle workspace pauses as fast as one running `sleep`.
+ *
+ * It is compiled on the host (gcc -static) into the read-only agent runtime by corral.providers.agent_runtime.
+ *
+ * Protocol, one connection per command (agent.py's Spawned is the client):
+ *   request: sendmsg of a 4-byte big-endian length N carrying three descriptors (SCM_RIGHTS: the command's stdin,
+ *            stdout, stderr), then N bytes of NUL-terminated strings: argc, envc (decimal), cwd, argv..., env...
+ *   replies: "pid <pid>\n", or "error <stage> <errno>\n" (stage: cwd, exec or fork) and the connection ends;
+ *            then "exit <status>\n" when the command ends (its exit status, or minus the signal that killed it).
+ * Each connection is served by a forked handler, so a slow or hostile client holds only its own handler; the main
+ * loop only accepts. Handlers are not left as zombies (SA_NOCLDWAIT); each handler waits for its own command.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SOCKET_DIR "/run/corral"
+#define SOCKET_PATH SOCKET_DIR "/spawner.sock"
+#define REQUEST_MAX (4 * 1024 * 1024)
+#define COUNT_MAX (1 << 20)
+#define REQUEST_TIMEOUT_S 10
+
+extern char **environ;
+
+static int read_full(int fd, char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t got = read(fd, buf, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        buf += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static void reply(int conn, const char *kind, long value) {
+    char line[64];
+    int n = snprintf(line, sizeof line, "%s %ld\n", kind, value);
+    (void)!send(conn, line, (size_t)n, MSG_NOSIGNAL); /* a vanished agent is not our problem */
+}
+
+/* The next NUL-terminated string of the request, or NULL when the request ends first. */
+static char *next_string(char **cursor, char *end) {
+    char *start = *cursor;
+    char *nul = memchr(start, '\0', (size_t)(end - start));
+    if (nul == NULL) return NULL;
+    *cursor = nul + 1;
+    return start;
+}
+
+static long next_count(char **cursor, char *end) {
+    char *text = next_string(cursor, end);
+    char *rest;
+    if (text == NULL || *text == '\0') return -1;
+    long value = strtol(text, &rest, 10);
+    return (*rest != '\0' || value < 0 || value > COUNT_MAX) ? -1 : value;
+}
+
+/* In the forked command: become its own session, take the three descriptors, change directory, exec. On failure,
+   the stage and errno go to the handler through a close-on-exec pipe (an exec that works closes it empty). */
+static void run_command(int fds[3], const char *cwd, char **argv, char **envp, int status_fd) {
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigset_t none;
+    char stage = 'f';
+    sigaction(SIGCHLD, &dfl, NULL);
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (int i = 0; i < 3; i++) {
+        if (fds[i] == i ? fcntl(i, F_SETFD, 0) < 0 : dup2(fds[i], i) < 0) goto fail;
+    }
+    stage = 'c';
+    if (chdir(cwd) != 0) goto fail;
+    stage = 'e';
+    environ = envp; /* execvp searches the command's own PATH, as Python's Popen(env=...) does */
+    execvp(argv[0], argv);
+fail:;
+    int err = errno;
+    (void)!write(status_fd, &stage, 1);
+    (void)!write(status_fd, &err, sizeof err);
+    _exit(127);
+}
+
+static void serve(int conn) {
+    struct timeval timeout = {.tv_sec = REQUEST_TIMEOUT_S};
+    unsigned char head[4];
+    union {
+        char buf[CMSG_SPACE(3 * sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {.iov_base = head, .iov_len = sizeof head};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.buf,
+                         .msg_controllen = sizeof control.buf};
+    int fds[3];
+
+    setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    ssize_t got = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+    struct cmsghdr *cmsg = got > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+    if (cmsg == NULL || cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS ||
+        cmsg->cmsg_len != CMSG_LEN(sizeof fds) || (msg.msg_flags & MSG_CTRUNC))
+        return;
+    memcpy(fds, CMSG_DATA(cmsg), sizeof fds);
+    if (got < (ssize_t)sizeof head && read_full(conn, (char *)head + got, sizeof head - (size_t)got) != 0) return;
+    size_t size = (size_t)head[0] << 24 | (size_t)head[1] << 16 | (size_t)head[2] << 8 | head[3];
+    if (size == 0 || size > REQUEST_MAX) return;
+    char *body = malloc(size);
+    if (body == NULL || read_full(conn, body, size) != 0) return;
+
+    char *cursor = body, *end = body + size;
+    long argc = next_count(&cursor, end), envc = next_count(&cursor, end);
+    char *cwd = next_string(&cursor, end);
+    if (argc < 1 || envc < 0 || cwd == NULL) return;
+    char **argv = calloc((size_t)argc + 1, sizeof *argv), **envp = calloc((size_t)envc + 1, sizeof *envp);
+    if (argv == NULL || envp == NULL) return;
+    for (long i = 0; i < argc; i++)
+        if ((argv[i] = next_string(&cursor, end)) == NULL) return;
+    for (long i = 0; i < envc; i++)
+        if ((envp[i] = next_string(&cursor, end)) == NULL) return;
+
+    int status[2];
+    if (pipe2(status, O_CLOEXEC) != 0) {
+        reply(conn, "error fork", errno);
+        return;
+    }
+    pid_t pid = fork();
+    if (pid == 0) run_command(fds, cwd, argv, envp, status[1]);
+    int fork_errno = errno;
+    for (int i = 0; i < 3; i++) close(fds[i]);
+    close(status[1]);
+    if (pid < 0) {
+        reply(conn, "error fork", fork_errno);
+        return;
+    }
+    char stage;
+    int err = 0;
+    ssize_t n;
+    while ((n = read(status[0], &stage, 1)) < 0 && errno == EINTR) {
+    }
+    int wstatus;
+    if (n == 1) {
+        if (read_full(status[0], (char *)&err, sizeof err) != 0) err = EIO;
+        while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+        }
+        reply(conn, stage == 'c' ? "error cwd" : stage == 'e' ? "error exec" : "error fork", err);
+        return;
+    }
+    reply(conn, "pid", pid);
+    while (waitpid(pid, &wstatus, 0) < 0) {
+        if (errno != EINTR) return; /* cannot happen for our own child; the agent hears a lost command */
+    }
+    reply(conn, "exit", WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -WTERMSIG(wstatus));
+}
+
+/* Usage: spawner [SOCKET] (the default is /run/corral/spawner.sock; tests run it on the host with their own path). */
+int main(int argc, char **argv) {
+    const char *path = argc > 1 ? argv[1] : SOCKET_PATH;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    struct sigaction no_zombies = {.sa_handler = SIG_DFL, .sa_flags = SA_NOCLDWAIT};
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+
+    int fd;
+    while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd < 3) {
+    } /* descriptors 0-2 taken, so a received descriptor is never one of them */
+    if (fd >= 3) close(fd);
+    if (strlen(path) >= sizeof addr.sun_path) {
+        fprintf(stderr, "corral-spawner: socket path too long: %s\n", path);
+        return 1;
+    }
+    strcpy(addr.sun_path, path);
+    if (argc <= 1 && mkdir(SOCKET_DIR, 0700) != 0 && errno != EEXIST) {
+        perror("corral-spawner: " SOCKET_DIR);
+        return 1;
+    }
+    unlink(path);
+    int server = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (server < 0 || bind(server, (struct sockaddr *)&addr, sizeof addr) != 0 || chmod(path, 0600) != 0 ||
+        listen(server, 128) != 0) {
+        perror("corral-spawner: socket");
+        return 1;
+    }
+    sigaction(SIGCHLD, &no_zombies, NULL);
+    for (;;) {
+        int conn = accept4(server, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            if (errno != EINTR && errno != ECONNABORTED) usleep(10000); /* EMFILE and the like: do not spin */
+            continue;
+        }
+        pid_t handler = fork();
+        if (handler == 0) {
+            close(server);
+            sigaction(SIGCHLD, &dfl, NULL); /* the handler waits for its own command */
+            serve(conn);
+            _exit(0);
+        }
+        close(conn);
+    }
+}

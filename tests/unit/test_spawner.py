@@ -1,0 +1,163 @@
+"""The workspace spawner (src/corral/guest/spawner.c), compiled as the agent runtime compiles it and run on the host
+with its own socket: the agent's client (``corral.guest.agent.Spawned``) starts commands through it, and hostile
+connections (anyone root in a workspace can reach its socket) cost it nothing and never stop it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.guest.agent import Spawned
+from corral.providers.agent_runtime import spawner_source
+
+
+@pytest.fixture(scope="module")
+def spawner_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("spawner")
+    (folder / "spawner.c").write_bytes(spawner_source())
+    binary = folder / "spawner"
+    subprocess.run(["gcc", "-static", "-Os", "-s", "-Wall", "-Werror", "-o", binary, folder / "spawner.c"], check=True)
+    return binary
+
+
+@pytest.fixture
+def spawner_process(spawner_binary: Path, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """The socket path and pid of a running spawner."""
+    path = str(tmp_path / "spawner.sock")
+    proc = subprocess.Popen([spawner_binary, path])
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path):
+        assert proc.poll() is None, "the spawner exited at start"
+        assert time.monotonic() < deadline, "the spawner never listened"
+        time.sleep(0.01)
+    try:
+        yield path, proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def spawner(spawner_process: tuple[str, int]) -> str:
+    return spawner_process[0]
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    return sock
+
+
+def _run(path: str, argv: list[str], cwd: str = "/", env: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    proc = Spawned.start(_connect(path), argv, cwd, env if env is not None else {"PATH": "/usr/bin:/bin"})
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    code = proc.wait(10)
+    proc.close()
+    return code, out, err
+
+
+def test_a_command_runs_with_its_argv_cwd_and_environment_only(spawner: str, tmp_path: Path) -> None:
+    """argv (empty and spaced arguments intact), the working directory and exactly the given environment reach the
+    command; its output comes back through the pipes and its exit status at the end."""
+    code, out, _ = _run(
+        spawner,
+        ["sh", "-c", 'printf "%s|" "$1" "$2" "$(pwd)" "$ONLY"; env | wc -l; exit 3', "sh", "", "a b"],
+        cwd=str(tmp_path),
+        env={"PATH": "/usr/bin:/bin", "ONLY": "yes"},
+    )
+    assert code == 3
+    assert out.decode().split("|")[:4] == ["", "a b", str(tmp_path), "yes"]
+    assert int(out.decode().split("|")[4]) <= 4  # PATH, ONLY and what sh itself sets (PWD, SHLVL); nothing of ours
+
+
+def test_commands_run_in_their_own_session_and_report_the_signal_that_killed_them(spawner: str) -> None:
+    """Each command leads its own session (the agent kills its process group), and a command killed by a signal
+    exits with minus that signal, as Popen reports it."""
+    proc = Spawned.start(_connect(spawner), ["sh", "-c", "ps -o sid= -p $$; sleep 30"], "/", {"PATH": "/usr/bin:/bin"})
+    assert proc.stdout is not None
+    sid = int(proc.stdout.readline())
+    assert sid == proc.pid
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(10) == -signal.SIGTERM
+    proc.close()
+
+
+@pytest.mark.parametrize(
+    ("argv", "cwd", "error", "filename"),
+    [
+        (["/no/such/program"], "/", FileNotFoundError, "/no/such/program"),
+        (["no-such-program-anywhere"], "/", FileNotFoundError, "no-such-program-anywhere"),
+        (["true"], "/no/such/dir", FileNotFoundError, "/no/such/dir"),
+        (["/etc/passwd"], "/", PermissionError, "/etc/passwd"),
+    ],
+)
+def test_a_command_that_cannot_start_raises_what_popen_raises(
+    spawner: str, argv: list[str], cwd: str, error: type[OSError], filename: str
+) -> None:
+    """A missing program or directory and a file that is not executable raise the error Popen would, naming it."""
+    with pytest.raises(error) as raised:
+        Spawned.start(_connect(spawner), argv, cwd, {"PATH": "/usr/bin:/bin"})
+    assert raised.value.filename == filename
+    assert raised.value.errno in (errno.ENOENT, errno.EACCES)
+
+
+def test_hostile_connections_never_stop_the_spawner(spawner: str) -> None:
+    """Garbage, a huge declared length, no descriptors, a half-sent request held open, malformed counts and a request
+    whose strings run past its end are each dropped; the spawner still starts the next command."""
+    held = _connect(spawner)
+    held.sendall(b"\x00\x00")  # half a header, held open: only its own handler waits on it
+    attacks: list[bytes] = [
+        b"garbage without descriptors",
+        struct.pack(">I", 0xFFFFFFFF),
+        struct.pack(">I", 0),
+    ]
+    for payload in attacks:
+        with _connect(spawner) as sock:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+            assert _dropped(sock)
+    bodies = [b"x\x00y\x00/\x00", b"1\x000\x00/\x00", b"99\x000\x00/\x00sh\x00", b"1\x00-1\x00/\x00true\x00", b"1\x000"]
+    for body in bodies:
+        with _connect(spawner) as sock, open(os.devnull, "rb") as null:
+            fd = null.fileno()
+            socket.send_fds(sock, [struct.pack(">I", len(body))], [fd, fd, fd])
+            sock.sendall(body)
+            sock.shutdown(socket.SHUT_WR)
+            assert _dropped(sock), body
+    assert _run(spawner, ["sh", "-c", "echo still here"])[:2] == (0, b"still here\n")
+    held.close()
+
+
+def _dropped(sock: socket.socket) -> bool:
+    """Whether the spawner ended the connection without a word (a reset when it left our bytes unread)."""
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _children(pid: int) -> list[str]:
+    """The states (R, S, Z...) of ``pid``'s children."""
+    ps = subprocess.run(["ps", "-eo", "ppid=,stat="], capture_output=True, text=True, check=True).stdout
+    return [line.split()[1] for line in ps.splitlines() if int(line.split()[0]) == pid]
+
+
+def test_finished_commands_leave_no_zombies_behind(spawner_process: tuple[str, int]) -> None:
+    """Handlers and commands are reaped: after many commands the spawner has no children left, defunct or not."""
+    path, pid = spawner_process
+    for _ in range(20):
+        assert _run(path, ["true"])[0] == 0
+    deadline = time.monotonic() + 5
+    while children := _children(pid):  # a handler may still be on its way out
+        assert time.monotonic() < deadline, f"children left under the spawner: {children}"
+        time.sleep(0.05)
