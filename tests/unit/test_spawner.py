@@ -161,3 +161,44 @@ def test_finished_commands_leave_no_zombies_behind(spawner_process: tuple[str, i
     while children := _children(pid):  # a handler may still be on its way out
         assert time.monotonic() < deadline, f"children left under the spawner: {children}"
         time.sleep(0.05)
+
+
+def test_a_command_runs_as_the_user_and_group_asked_for(spawner: str) -> None:
+    """uid and gid (and only that group) apply before exec; -1 keeps root."""
+    proc = Spawned.start(_connect(spawner), ["id"], "/", {"PATH": "/usr/bin:/bin"}, uid=1234, gid=2345)
+    assert proc.stdout is not None
+    out = proc.stdout.read().decode()
+    assert proc.wait(10) == 0
+    proc.close()
+    assert out.split() == ["uid=1234", "gid=2345", "groups=2345"]
+    assert _run(spawner, ["id", "-u"])[1] == b"0\n"
+
+
+def test_a_terminal_command_gets_its_pty_as_controlling_terminal(spawner: str) -> None:
+    """With a terminal, the pty slave is the command's stdin, stdout, stderr and controlling terminal (what a shell
+    needs for job control and Ctrl-C): its output arrives on the master, and ^C typed there interrupts it."""
+    master, slave = os.openpty()
+    try:
+        proc = Spawned.start(
+            _connect(spawner),
+            ["sh", "-c", "test -t 0 && ps -o tty= -p $$ && echo ready && exec sleep 30"],
+            "/",
+            {"PATH": "/usr/bin:/bin"},
+            terminal=slave,
+        )
+        os.close(slave)
+        slave = -1
+        assert proc.stdout is None
+        seen = b""
+        deadline = time.monotonic() + 10
+        while b"ready" not in seen:
+            assert time.monotonic() < deadline, f"no output on the master: {seen!r}"
+            seen += os.read(master, 1024)
+        assert b"pts/" in seen, seen  # ps names the controlling terminal
+        os.write(master, b"\x03")  # ^C: the terminal's line discipline signals the foreground group
+        assert proc.wait(10) == -signal.SIGINT
+        proc.close()
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)

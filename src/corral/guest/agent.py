@@ -1037,7 +1037,7 @@ class Spawned:
     """A command the spawner started: ``pid``, ``stdout``/``stderr`` (pipes to the agent), and Popen's ``poll`` and
     ``wait``, answered by the spawner's connection (it sends the exit status when the command ends)."""
 
-    def __init__(self, sock: socket.socket, pid: int, stdout: BinaryIO, stderr: BinaryIO) -> None:
+    def __init__(self, sock: socket.socket, pid: int, stdout: BinaryIO | None, stderr: BinaryIO | None) -> None:
         self.sock = sock
         self.pid = pid
         self.stdout: BinaryIO | None = stdout
@@ -1046,27 +1046,53 @@ class Spawned:
         self.buffer = b""
 
     @classmethod
-    def start(cls, sock: socket.socket, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
-        """Ask the spawner to start ``argv``; raises FileNotFoundError/PermissionError/OSError as Popen would."""
-        strings = [str(len(argv)), str(len(env)), cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+    def start(
+        cls,
+        sock: socket.socket,
+        argv: list[str],
+        cwd: str,
+        env: dict[str, str],
+        *,
+        uid: int = -1,
+        gid: int = -1,
+        terminal: int | None = None,
+    ) -> Spawned:
+        """Ask the spawner to start ``argv``, as ``uid``/``gid`` unless -1; raises FileNotFoundError,
+        PermissionError or OSError as Popen would.
+
+        Without ``terminal`` the command's stdin is /dev/null and its stdout and stderr are pipes (``stdout``,
+        ``stderr``). With it (the slave side of a pty, which the caller keeps open until this returns), that is the
+        command's stdin, stdout, stderr and controlling terminal, and ``stdout``/``stderr`` are None: the caller
+        reads the pty's master.
+        """
+        head = [str(len(argv)), str(len(env)), cwd, str(uid), str(gid), "0" if terminal is None else "1"]
+        strings = [*head, *argv, *(f"{k}={v}" for k, v in env.items())]
         if any("\0" in item for item in strings):
             raise ValueError("embedded null byte")  # what Popen raises for one
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        null = os.open(os.devnull, os.O_RDONLY)
+        if terminal is None:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            null = os.open(os.devnull, os.O_RDONLY)
+            given, ours = [null, out_w, err_w], [out_r, err_r]
+        else:
+            given, ours = [terminal] * 3, []
         try:
             request = b"".join(item.encode("utf-8", "surrogateescape") + b"\0" for item in strings)
-            socket.send_fds(sock, [struct.pack(">I", len(request))], [null, out_w, err_w])
+            socket.send_fds(sock, [struct.pack(">I", len(request))], given)
             sock.sendall(request)
         except OSError:
-            for fd in (out_r, err_r):
+            for fd in ours:
                 os.close(fd)
             sock.close()
             raise
         finally:
-            for fd in (null, out_w, err_w):
-                os.close(fd)
-        spawned = cls(sock, 0, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
+            if terminal is None:
+                for fd in given:
+                    os.close(fd)
+        if terminal is None:
+            spawned = cls(sock, 0, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
+        else:
+            spawned = cls(sock, 0, None, None)
         try:
             kind, value = spawned.message(SPAWNER_REPLY_S)  # a spawner that never answers must not hold a worker
         except subprocess.TimeoutExpired:
@@ -1075,7 +1101,7 @@ class Spawned:
             spawned.pid = value
             return spawned
         spawned.close()
-        if kind == "error exec" or kind == "error cwd":
+        if kind in {"error exec", "error cwd"}:
             filename = argv[0] if kind == "error exec" else cwd
             raise _SPAWN_ERRORS.get(value, OSError)(value, os.strerror(value), filename)
         raise OSError(value or errno.EIO, "the spawner could not start the command")

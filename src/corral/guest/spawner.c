@@ -12,8 +12,10 @@
  *
  * Protocol, one connection per command (agent.py's Spawned is the client):
  *   request: sendmsg of a 4-byte big-endian length N carrying three descriptors (SCM_RIGHTS: the command's stdin,
- *            stdout, stderr), then N bytes of NUL-terminated strings: argc, envc (decimal), cwd, argv..., env...
- *   replies: "pid <pid>\n", or "error <stage> <errno>\n" (stage: cwd, exec or fork) and the connection ends;
+ *            stdout, stderr), then N bytes of NUL-terminated strings: argc, envc (decimal), cwd, uid, gid (decimal,
+ *            -1 keeps root), tty ("1": stdin is a terminal that becomes the command's controlling terminal), then
+ *            argv..., env...
+ *   replies: "pid <pid>\n", or "error <stage> <errno>\n" (stage: cwd, user, exec or fork) and the connection ends;
  *            then "exit <status>\n" when the command ends (its exit status, or minus the signal that killed it).
  * Each connection is served by a forked handler, so a slow or hostile client holds only its own handler; the main
  * loop only accepts. Handlers are not left as zombies (SA_NOCLDWAIT); each handler waits for its own command.
@@ -25,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -66,17 +70,25 @@ static char *next_string(char **cursor, char *end) {
     return start;
 }
 
-static long next_count(char **cursor, char *end) {
+/* The next string as a number in [low, high]; low - 1 when it is missing or not one. */
+static long next_number(char **cursor, char *end, long low, long high) {
     char *text = next_string(cursor, end);
     char *rest;
-    if (text == NULL || *text == '\0') return -1;
+    if (text == NULL || *text == '\0') return low - 1;
     long value = strtol(text, &rest, 10);
-    return (*rest != '\0' || value < 0 || value > COUNT_MAX) ? -1 : value;
+    return (*rest != '\0' || value < low || value > high) ? low - 1 : value;
 }
 
-/* In the forked command: become its own session, take the three descriptors, change directory, exec. On failure,
-   the stage and errno go to the handler through a close-on-exec pipe (an exec that works closes it empty). */
-static void run_command(int fds[3], const char *cwd, char **argv, char **envp, int status_fd) {
+struct command {
+    char *cwd;
+    long uid, gid, tty;
+    char **argv, **envp;
+};
+
+/* In the forked command: become its own session, take the three descriptors (and the terminal), change directory,
+   drop to the user, exec. On failure, the stage and errno go to the handler through a close-on-exec pipe (an exec
+   that works closes it empty). */
+static void run_command(int fds[3], const struct command *cmd, int status_fd) {
     struct sigaction dfl = {.sa_handler = SIG_DFL};
     sigset_t none;
     char stage = 'f';
@@ -87,11 +99,18 @@ static void run_command(int fds[3], const char *cwd, char **argv, char **envp, i
     for (int i = 0; i < 3; i++) {
         if (fds[i] == i ? fcntl(i, F_SETFD, 0) < 0 : dup2(fds[i], i) < 0) goto fail;
     }
+    if (cmd->tty == 1 && ioctl(0, TIOCSCTTY, 0) != 0) goto fail;
     stage = 'c';
-    if (chdir(cwd) != 0) goto fail;
+    if (chdir(cmd->cwd) != 0) goto fail;
+    stage = 'u';
+    if (cmd->gid >= 0) {
+        gid_t gid = (gid_t)cmd->gid;
+        if (setgroups(1, &gid) != 0 || setgid(gid) != 0) goto fail;
+    }
+    if (cmd->uid >= 0 && setuid((uid_t)cmd->uid) != 0) goto fail;
     stage = 'e';
-    environ = envp; /* execvp searches the command's own PATH, as Python's Popen(env=...) does */
-    execvp(argv[0], argv);
+    environ = cmd->envp; /* execvp searches the command's own PATH, as Python's Popen(env=...) does */
+    execvp(cmd->argv[0], cmd->argv);
 fail:;
     int err = errno;
     (void)!write(status_fd, &stage, 1);
@@ -125,15 +144,20 @@ static void serve(int conn) {
     if (body == NULL || read_full(conn, body, size) != 0) return;
 
     char *cursor = body, *end = body + size;
-    long argc = next_count(&cursor, end), envc = next_count(&cursor, end);
-    char *cwd = next_string(&cursor, end);
-    if (argc < 1 || envc < 0 || cwd == NULL) return;
-    char **argv = calloc((size_t)argc + 1, sizeof *argv), **envp = calloc((size_t)envc + 1, sizeof *envp);
-    if (argv == NULL || envp == NULL) return;
+    struct command cmd;
+    long argc = next_number(&cursor, end, 1, COUNT_MAX), envc = next_number(&cursor, end, 0, COUNT_MAX);
+    cmd.cwd = next_string(&cursor, end);
+    cmd.uid = next_number(&cursor, end, -1, 0x7fffffff);
+    cmd.gid = next_number(&cursor, end, -1, 0x7fffffff);
+    cmd.tty = next_number(&cursor, end, 0, 1);
+    if (argc < 1 || envc < 0 || cmd.cwd == NULL || cmd.uid < -1 || cmd.gid < -1 || cmd.tty < 0) return;
+    cmd.argv = calloc((size_t)argc + 1, sizeof *cmd.argv);
+    cmd.envp = calloc((size_t)envc + 1, sizeof *cmd.envp);
+    if (cmd.argv == NULL || cmd.envp == NULL) return;
     for (long i = 0; i < argc; i++)
-        if ((argv[i] = next_string(&cursor, end)) == NULL) return;
+        if ((cmd.argv[i] = next_string(&cursor, end)) == NULL) return;
     for (long i = 0; i < envc; i++)
-        if ((envp[i] = next_string(&cursor, end)) == NULL) return;
+        if ((cmd.envp[i] = next_string(&cursor, end)) == NULL) return;
 
     int status[2];
     if (pipe2(status, O_CLOEXEC) != 0) {
@@ -141,7 +165,7 @@ static void serve(int conn) {
         return;
     }
     pid_t pid = fork();
-    if (pid == 0) run_command(fds, cwd, argv, envp, status[1]);
+    if (pid == 0) run_command(fds, &cmd, status[1]);
     int fork_errno = errno;
     for (int i = 0; i < 3; i++) close(fds[i]);
     close(status[1]);
@@ -159,7 +183,11 @@ static void serve(int conn) {
         if (read_full(status[0], (char *)&err, sizeof err) != 0) err = EIO;
         while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
         }
-        reply(conn, stage == 'c' ? "error cwd" : stage == 'e' ? "error exec" : "error fork", err);
+        const char *kind = stage == 'c'   ? "error cwd"
+                           : stage == 'e' ? "error exec"
+                           : stage == 'u' ? "error user"
+                                          : "error fork";
+        reply(conn, kind, err);
         return;
     }
     reply(conn, "pid", pid);
