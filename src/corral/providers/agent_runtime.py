@@ -41,6 +41,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from importlib import resources
 from pathlib import Path
@@ -95,6 +96,10 @@ def agent_environment(container_env: list[str]) -> list[str]:
 
 
 BUILD_TIMEOUT_S = 120.0
+COLLECT_AFTER_S = 3600.0
+"""An unmounted runtime directory of another agent version is removed once it is this old (seconds)."""
+WORKSPACE_LABEL = "corral.workspace.id"
+"""The label every workspace container carries (``corral.providers.docker.LABEL_ID``)."""
 
 # Runs inside a fresh container of the base image (trusted: nothing has run in it), with the new runtime directory
 # mounted read-write at /.corral and agent.py already in it. stdlib only.
@@ -204,6 +209,7 @@ class AgentRuntime:
         async with self._lock:
             if self._path is None:
                 self._path = await self._ensure()
+                await self._collect_unused(Path(self._path))
         return self._path
 
     async def _ensure(self) -> str:
@@ -241,6 +247,28 @@ class AgentRuntime:
         log.info("agent runtime built in %s from %s", final, self.image)
         await self._seal(final)
         return str(final)
+
+    async def _collect_unused(self, current: Path) -> None:
+        """Remove the runtimes of earlier agent versions that no workspace container mounts any more.
+
+        Each agent version builds its own directory (25 MB); without this they pile up with every upgrade. A
+        directory younger than :data:`COLLECT_AFTER_S` is kept even when unmounted, because another Corral process
+        of that version may be about to create a container on it. Best effort: a failure is logged, never raised.
+        """
+        try:
+            containers = await self.engine.list_containers([WORKSPACE_LABEL])
+            sources = [str(m.get("Source", "")) for c in containers for m in c.get("Mounts") or []]
+            for directory in await asyncio.to_thread(_unused_runtimes, self.root, current, sources):
+                if _read_only_mount(directory):
+                    proc = await asyncio.create_subprocess_exec(
+                        "umount", str(directory), stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+                    )
+                    if await proc.wait() != 0:
+                        continue  # still in use somewhere: leave it
+                await asyncio.to_thread(shutil.rmtree, directory, True)
+                log.info("removed the unused agent runtime %s", directory)
+        except (DockerAPIError, OSError) as exc:
+            log.warning("could not collect unused agent runtimes in %s: %s", self.root, exc)
 
     async def _seal(self, directory: Path) -> None:
         """Make ``directory`` a read-only mount on the host (a bind mount onto itself, remounted ``ro``).
@@ -346,3 +374,18 @@ def _read_only_mount(directory: Path) -> bool:
         if len(fields) > 5 and fields[4].encode().decode("unicode_escape") == target:
             found = "ro" in fields[5].split(",")
     return found
+
+
+def _unused_runtimes(root: Path, current: Path, mounted: list[str]) -> list[Path]:
+    """Runtime directories under ``root`` other than ``current``, mounted by none of ``mounted`` (container mount
+    sources) and older than :data:`COLLECT_AFTER_S`."""
+    sources = {os.path.realpath(source) for source in mounted}
+    keep = os.path.realpath(current)
+    now = time.time()
+    return [
+        directory
+        for directory in root.iterdir()
+        if directory.is_dir()
+        and os.path.realpath(directory) not in sources | {keep}
+        and now - directory.stat().st_mtime >= COLLECT_AFTER_S
+    ]
