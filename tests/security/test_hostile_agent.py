@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration]
 
 # The agent writes frames on fd 3 (its stdout, kept aside at start); root in the workspace can open it through
 # /proc and write whatever it likes into the host's stream.
-AGENT_FRAMES = "/proc/$(pgrep -f 'corral/agent[.]py$')/fd/3"
+AGENT_FRAMES = "/proc/$(pgrep -f 'corral/agent[.]pyc$')/fd/3"
 ONE_GIB_HEADER = r"printf '\100\000\000\000'"  # a u32 header length of 1 GiB
 
 
@@ -60,7 +60,7 @@ async def _kill_agent(provider: DockerProvider, workspace_id: str) -> None:
     """Root kills the agent; the command doing it loses its own connection, as it should."""
     with pytest.raises(ProviderUnavailableError, match="lost the connection"):
         await provider.exec(
-            workspace_id, ExecRequest("kill -9 $(pgrep -f 'corral/agent[.]py$'); sleep 5", timeout_s=10)
+            workspace_id, ExecRequest("kill -9 $(pgrep -f 'corral/agent[.]pyc$'); sleep 5", timeout_s=10)
         )
 
 
@@ -69,11 +69,11 @@ async def test_the_agent_runs_from_a_read_only_runtime(provider: DockerProvider,
     gVisor 20240729's directfs, which truncated a read-only bind's host file on open(O_TRUNC) while answering EROFS
     (the runtime is a read-only mount on the host too)."""
     runtime = Path(await provider.agent_runtime.ensure())
-    before = {f: (runtime / f).read_bytes() for f in ("bin/python3", "agent.py", "ld.so")}
+    before = {f: (runtime / f).read_bytes() for f in ("bin/python3", "agent.py", "agent.pyc", "ld.so")}
     result = await provider.exec(
         workspace_id,
         ExecRequest(
-            "tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]py$')/cmdline; echo; "
+            "tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]pyc$')/cmdline; echo; "
             "touch /.corral/x 2>&1; cp /bin/true /.corral/bin/python3 2>&1; "
             "sh -c 'echo > /.corral/nopreload' 2>&1; true"
         ),
@@ -87,10 +87,13 @@ async def test_the_agent_runs_from_a_read_only_runtime(provider: DockerProvider,
         "/.corral/bin/python3",
         "-I",
         "-S",
-        "/.corral/agent.py",
+        "/.corral/agent.pyc",
     ]
     assert len(lines) == 4 and all("Read-only file system" in line for line in lines[1:]), lines
-    truncating = "exec 3< /.corral/agent.py; : > /.corral/agent.py; : > /.corral/bin/python3; : > /.corral/ld.so; true"
+    truncating = (
+        "exec 3< /.corral/agent.py; : > /.corral/agent.py; : > /.corral/agent.pyc; : > /.corral/bin/python3; "
+        ": > /.corral/ld.so; true"
+    )
     await provider.exec(workspace_id, ExecRequest(truncating))
     assert {f: (runtime / f).read_bytes() for f in before} == before, "a workspace changed the host's agent runtime"
     assert (await provider.exec(workspace_id, ExecRequest("echo alive"))).stdout == b"alive\n"
@@ -109,7 +112,7 @@ async def test_a_planted_python3_never_becomes_the_agent(provider: DockerProvide
     assert planted.stdout.decode().strip() == "97", "the impostor must be what PATH finds inside the workspace"
     await _kill_agent(provider, workspace_id)
     result = await provider.exec(
-        workspace_id, ExecRequest("echo recovered; tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]py$')/cmdline")
+        workspace_id, ExecRequest("echo recovered; tr '\\0' ' ' < /proc/$(pgrep -f 'corral/agent[.]pyc$')/cmdline")
     )
     assert result.stdout.decode().splitlines()[0] == "recovered"
     assert "/.corral/bin/python3" in result.stdout.decode()
@@ -151,7 +154,8 @@ async def test_nothing_in_the_workspace_or_its_environment_loads_into_the_agent(
         result = await provider.exec(
             spec.id,
             ExecRequest(
-                "echo $LD_PRELOAD $GLIBC_TUNABLES; grep -c /workspace /proc/$(pgrep -f 'corral/agent[.]py$')/maps; true"
+                "echo $LD_PRELOAD $GLIBC_TUNABLES; "
+                "grep -c /workspace /proc/$(pgrep -f 'corral/agent[.]pyc$')/maps; true"
             ),
         )
         lines = result.stdout.decode().split("\n")
@@ -203,7 +207,7 @@ async def test_a_stopped_agent_costs_a_bounded_wait(provider: DockerProvider, wo
     provider.agent_answer_timeout_s = 2.0
     await provider.exec(
         workspace_id,
-        ExecRequest("setsid sh -c 'sleep 0.5; kill -STOP $(pgrep -f 'corral/agent[.]py$')' >/dev/null 2>&1 &"),
+        ExecRequest("setsid sh -c 'sleep 0.5; kill -STOP $(pgrep -f 'corral/agent[.]pyc$')' >/dev/null 2>&1 &"),
     )
     await asyncio.sleep(1.0)
     started = asyncio.get_running_loop().time()

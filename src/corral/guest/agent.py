@@ -1162,6 +1162,9 @@ def main() -> None:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     Agent(inp, out).serve()
+    # The host closed the stream and our commands are ended: leave at once. Interpreter teardown (joining workers,
+    # freeing modules) costs tens of milliseconds under gVisor, and a pause waits for this process to be gone.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ of ``python3`` (or from ``/usr/bin/python3``, or with the image's shared librari
 swapped for an impostor that stays there for good. So the agent runs from a directory the host provides, mounted
 read-only at ``/.corral``:
 
-* ``agent.py``: the agent's source;
+* ``agent.py``: the agent's source, and ``agent.pyc``, its bytecode (what runs);
 * ``spawner``: the workspace's main process, which starts the agent's commands (``corral/guest/spawner.c``,
   compiled on the host with ``gcc -static``, so it needs nothing from the image);
 * ``bin/python3`` and ``lib/python3.11/``: the base image's interpreter and standard library (the interpreter sits
@@ -17,7 +17,7 @@ read-only at ``/.corral``:
 * ``ld.so``: the image's dynamic loader with one change: the path ``/etc/ld.so.preload`` it reads at start is
   replaced by ``/.corral/nopreload`` (same length), a file that cannot exist on a read-only mount. The agent is
   started as ``/.corral/ld.so --inhibit-cache --library-path /.corral/lib /.corral/bin/python3 -I -S
-  /.corral/agent.py`` in ``/.corral``, with the loader's environment variables (``LD_PRELOAD``, ``LD_AUDIT``,
+  /.corral/agent.pyc`` in ``/.corral``, with the loader's environment variables (``LD_PRELOAD``, ``LD_AUDIT``,
   ``GLIBC_TUNABLES``...) emptied: no ``PATH`` lookup, no ``ld.so.cache``, no preload, no library outside
   ``/.corral``, no ``PYTHON*`` variables, no ``site``, nothing read from the working directory. Commands the agent
   starts use the image's own loader, libraries and environment as usual (the agent puts the emptied variables back).
@@ -73,9 +73,11 @@ AGENT_COMMAND = [
     f"{RUNTIME_MOUNT}/bin/python3",
     "-I",
     "-S",
-    f"{RUNTIME_MOUNT}/agent.py",
+    f"{RUNTIME_MOUNT}/agent.pyc",
 ]
-"""How the agent is started: absolute paths into the read-only mount only."""
+"""How the agent is started: absolute paths into the read-only mount only. The agent runs from its bytecode,
+compiled when the runtime is built: a script is compiled on every start otherwise (35-40 ms of the agent's 130 ms
+start under gVisor, and a new agent starts on the first call after every resume)."""
 
 SPAWNER_COMMAND = [f"{RUNTIME_MOUNT}/spawner"]
 """The container's main process (see ``corral/guest/spawner.c``)."""
@@ -173,6 +175,9 @@ for folder, _, files in os.walk(out):
     for name in files:
         if os.path.islink(os.path.join(folder, name)) and os.readlink(os.path.join(folder, name)).startswith("/"):
             sys.exit("the runtime holds an absolute symlink: " + os.path.join(folder, name))
+import py_compile
+py_compile.compile(out + "/agent.py", cfile=out + "/agent.pyc", dfile=out + "/agent.py", doraise=True)
+os.chmod(out + "/agent.pyc", 0o644)
 print("ok")
 """
 

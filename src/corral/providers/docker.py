@@ -153,6 +153,7 @@ class DockerProvider(AgentBackedProvider):
         self._warmups: dict[str, asyncio.Task[None]] = {}
         self._dead: set[str] = set()  # containers that died since their create/resume, from the event stream
         self._expected_exits: set[str] = set()  # containers Corral itself is stopping or removing
+        self._settling: set[str] = set()  # checkpointed; dockerd may not have handled the exit yet (see _settle)
         self._containers: dict[str, str] = {}  # workspace id -> the id of the container started for it last
         self._generations: dict[str, int] = {}  # workspace id -> how many starts this process made for it
         self._started_ns: dict[str, int] = {}  # workspace id -> when this process last started its container
@@ -292,6 +293,7 @@ class DockerProvider(AgentBackedProvider):
 
     async def _remove_all(self, workspace_id: str) -> None:
         self._expected_exits.add(workspace_id)
+        self._settling.discard(workspace_id)  # removed whatever state dockerd has it in
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         await self._call(self.engine.remove_container(container_name(workspace_id)))
         await self._call(self.engine.remove_volume(volume_name(workspace_id)))
@@ -310,6 +312,7 @@ class DockerProvider(AgentBackedProvider):
     async def stop(self, workspace_id: str) -> None:
         """Stop the container and keep it: processes end, CPU and memory are freed, the whole disk stays. A paused
         workspace's memory is discarded."""
+        await self._settle(workspace_id)
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is None:
             if await self._call(self.engine.inspect_volume(volume_name(workspace_id))) is None:
@@ -324,6 +327,7 @@ class DockerProvider(AgentBackedProvider):
     async def resume(self, workspace_id: str) -> None:
         """Start the stopped container again (its whole disk is there), restoring processes and memory when it was
         paused. A running workspace is left as it is."""
+        await self._settle(workspace_id)
         volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
         if volume is None:
             raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
@@ -365,6 +369,7 @@ class DockerProvider(AgentBackedProvider):
     async def state(self, workspace_id: str) -> WorkspaceState:
         """Running when the container runs; paused when it holds a pause checkpoint; stopped when it (or only the
         volume) is left; else missing."""
+        await self._settle(workspace_id)
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is not None and info["State"].get("Running"):
             return WorkspaceState.RUNNING
@@ -383,6 +388,7 @@ class DockerProvider(AgentBackedProvider):
         if not self.memory_checkpoints:
             await self.stop(workspace_id)  # raises WorkspaceNotFoundError for a missing workspace
             return "filesystem"
+        await self._settle(workspace_id)
         try:
             await self._checkpoint(workspace_id, PAUSE_CHECKPOINT)
         except ProviderUnavailableError:
@@ -413,16 +419,23 @@ class DockerProvider(AgentBackedProvider):
         except DockerAPIError as exc:
             self._expected_exits.discard(workspace_id)
             raise ProviderUnavailableError(self.name, f"checkpoint of workspace {workspace_id} failed: {exc}") from exc
-        # dockerd may answer before it has handled the container's exit (inspect says Running for up to ~0.3 s): wait,
-        # so that state() says paused and a resume or start from the checkpoint finds the container stopped. Polled:
-        # the first inspect (2 ms) usually says so already, where POST /wait takes 60-70 ms even then.
+        # dockerd answers before it has handled the container's exit (for up to ~0.3 s inspect blocks or says Running,
+        # and a start from the checkpoint would fail): the next call on this workspace waits for it (_settle), as the
+        # next `docker` command after a `docker checkpoint create` does. A pause answers when the checkpoint is done.
+        self._settling.add(workspace_id)
+
+    async def _settle(self, workspace_id: str) -> None:
+        """Wait until dockerd has handled the exit of a container checkpointed by :meth:`_checkpoint`."""
+        if workspace_id not in self._settling:
+            return
         deadline = time.monotonic() + 10.0
         while (info := await self._call(self.engine.inspect_container(container_name(workspace_id)))) is not None:
             if not info["State"].get("Running"):
-                return
+                break
             if time.monotonic() > deadline:
                 raise ProviderUnavailableError(self.name, f"workspace {workspace_id} still ran 10 s after checkpoint")
             await asyncio.sleep(0.01)
+        self._settling.discard(workspace_id)
 
     async def _quiesce(self, workspace_id: str) -> None:
         """Close the agent's stream and wait until its process has ended (it ends its commands as it goes)."""
@@ -444,6 +457,7 @@ class DockerProvider(AgentBackedProvider):
         checkpoint: it is held for checkpoint + copy + restore, and its processes carry on. Under runc it is frozen
         (``docker pause``) while the image and the volume are copied.
         """
+        await self._settle(workspace_id)
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         if info is None or not info["State"].get("Running"):
             await self._require_running(workspace_id)
@@ -463,6 +477,7 @@ class DockerProvider(AgentBackedProvider):
             target.mkdir(mode=0o700, exist_ok=False)
             if self.memory_checkpoints:
                 await self._checkpoint(workspace_id, checkpoint)
+                await self._settle(workspace_id)  # copied while still
                 try:
                     await self._copy_out(workspace_id, snapshot_id, volume, labels)
                     source = await self._checkpoint_path(info["Id"], checkpoint)
