@@ -146,6 +146,13 @@ class Settings(BaseSettings):
     disk_check_interval_s: float = 60.0
     """CORRAL_DISK_CHECK_INTERVAL_S: seconds between disk-usage checks where limits are only monitored."""
 
+    metrics_interval_s: float = Field(5.0, gt=0)
+    """CORRAL_METRICS_INTERVAL_S: seconds between CPU, memory and disk samples of each E2B sandbox
+    (``get_metrics``); a request finding no sample this recent takes one at once."""
+
+    metrics_samples: int = Field(720, ge=1, le=100_000)
+    """CORRAL_METRICS_SAMPLES: samples kept per sandbox, the oldest dropped first (720 at 5 s: the last hour)."""
+
     health_interval_s: float = 30.0
     """CORRAL_HEALTH_INTERVAL_S: seconds between provider health checks."""
 

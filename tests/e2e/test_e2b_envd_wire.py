@@ -7,6 +7,7 @@ exception, and they cover what the SDK has no public call for (SIGTERM).
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import struct
 from collections.abc import Iterator
@@ -154,20 +155,24 @@ def test_sigterm_reaches_the_command_and_its_children(e2b_server: Server, sandbo
 def test_unary_errors_carry_connect_codes(e2b_server: Server, sandbox: dict[str, Any]) -> None:
     """Unary failures answer the protocol's status with {"code", "message"}: not_found, invalid_argument,
     already_exists and unimplemented."""
-    missing = _unary(e2b_server, sandbox, "filesystem.Filesystem/Stat", {"path": "/workspace/missing"})
+    missing = _unary(e2b_server, sandbox, "filesystem.Filesystem/Stat", {"path": "/home/user/missing"})
     assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
     made = _unary(e2b_server, sandbox, "filesystem.Filesystem/MakeDir", {"path": "dir"})
     assert made.status_code == 200
-    assert made.json()["entry"]["path"] == "/workspace/dir"
+    assert made.json()["entry"]["path"] == "/home/user/dir"
     assert made.json()["entry"]["type"] == "FILE_TYPE_DIRECTORY"
-    again = _unary(e2b_server, sandbox, "filesystem.Filesystem/MakeDir", {"path": "/workspace/dir"})
+    again = _unary(e2b_server, sandbox, "filesystem.Filesystem/MakeDir", {"path": "/home/user/dir"})
     assert (again.status_code, again.json()["code"]) == (409, "already_exists")
     not_dir = _unary(e2b_server, sandbox, "filesystem.Filesystem/ListDir", {"path": "/etc/hostname", "depth": 1})
     assert (not_dir.status_code, not_dir.json()["code"]) == (400, "invalid_argument")
     unknown = _unary(e2b_server, sandbox, "process.Process/SendInput", {"process": {"pid": 1}, "input": {"stdin": ""}})
     assert (unknown.status_code, unknown.json()["code"]) == (404, "not_found")
-    watch = _unary(e2b_server, sandbox, "filesystem.Filesystem/CreateWatcher", {"path": "/workspace"})
-    assert (watch.status_code, watch.json()["code"]) == (501, "unimplemented")
+    gone = _unary(e2b_server, sandbox, "filesystem.Filesystem/GetWatcherEvents", {"watcherId": "w-none"})
+    assert (gone.status_code, gone.json()["code"]) == (404, "not_found")
+    on_file = _unary(e2b_server, sandbox, "filesystem.Filesystem/CreateWatcher", {"path": "/etc/hostname"})
+    assert (on_file.status_code, on_file.json()["code"]) == (400, "invalid_argument")
+    unknown_rpc = _unary(e2b_server, sandbox, "filesystem.Filesystem/Nope", {})
+    assert (unknown_rpc.status_code, unknown_rpc.json()["code"]) == (501, "unimplemented")
 
 
 def test_authentication_and_unknown_sandboxes(e2b_server: Server, sandbox: dict[str, Any]) -> None:
@@ -190,3 +195,70 @@ def test_authentication_and_unknown_sandboxes(e2b_server: Server, sandbox: dict[
     assert "was not found" in other.json()["message"]
     gone = client.get("/e2b/sandboxes/no-such-sandbox", headers={"X-API-KEY": TOKEN})
     assert (gone.status_code, gone.json()["code"]) == (404, 404)
+
+
+def _ran(server: Server, sandbox: dict[str, Any], script: str) -> None:
+    response = _start(server, sandbox, script)
+    try:
+        end = _Frames(response).until_end()[-2][1]
+    finally:
+        response.close()
+    assert end["event"]["end"]["exitCode"] == 0, end
+
+
+def test_file_transfer_encodings_metadata_and_entries(e2b_server: Server, sandbox: dict[str, Any]) -> None:
+    """On a gVisor workspace: a gzipped upload with X-Metadata-* headers answers envd's JSON with the metadata; a
+    download asked for gzip comes gzipped on the wire (Content-Encoding, Vary); Stat and ListDir entries carry
+    exactly envd's fields (owner and group names, Go's permissions) and a symlink its target's type and path."""
+    client = e2b_server.client
+    auth = {"E2b-Sandbox-Id": sandbox["sandboxID"], "X-Access-Token": sandbox["envdAccessToken"]}
+    content = b"line of text\n" * 5000
+    uploaded = client.post(
+        "/e2b/envd/files",
+        params={"path": "/home/user/w/data.txt"},
+        headers={
+            **auth,
+            "Content-Type": "application/octet-stream",
+            "Content-Encoding": "gzip",
+            "X-Metadata-Purpose": "wire",
+        },
+        content=gzip.compress(content),
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    assert uploaded.json() == [
+        {"name": "data.txt", "type": "file", "path": "/home/user/w/data.txt", "metadata": {"purpose": "wire"}}
+    ]
+    request = client.build_request(
+        "GET", "/e2b/envd/files", params={"path": "/home/user/w/data.txt"}, headers={**auth, "Accept-Encoding": "gzip"}
+    )
+    response = client.send(request, stream=True)
+    try:
+        on_the_wire = b"".join(response.iter_raw())
+    finally:
+        response.close()
+    assert (response.status_code, response.headers["content-encoding"], response.headers["vary"]) == (
+        200,
+        "gzip",
+        "Accept-Encoding",
+    )
+    assert len(on_the_wire) < len(content) // 10
+    assert gzip.decompress(on_the_wire) == content
+    _ran(e2b_server, sandbox, "ln -s /home/user/w/data.txt /home/user/w/link && chmod 600 /home/user/w/data.txt")
+    entry = _unary(e2b_server, sandbox, "filesystem.Filesystem/Stat", {"path": "/home/user/w/data.txt"}).json()["entry"]
+    assert set(entry) == {
+        "name", "type", "path", "size", "mode", "permissions", "owner", "group", "modifiedTime", "metadata"
+    }  # fmt: skip
+    assert (entry["size"], entry["mode"], entry["permissions"]) == (str(len(content)), 0o600, "-rw-------")
+    assert (entry["owner"], entry["group"], entry["metadata"]) == ("user", "user", {"purpose": "wire"})
+    link = _unary(e2b_server, sandbox, "filesystem.Filesystem/Stat", {"path": "/home/user/w/link"}).json()["entry"]
+    assert (link["type"], link["symlinkTarget"], link["permissions"]) == (
+        "FILE_TYPE_FILE",
+        "/home/user/w/data.txt",
+        "Lrwxrwxrwx",
+    )
+    assert "isSymlink" not in link
+    listed = _unary(e2b_server, sandbox, "filesystem.Filesystem/ListDir", {"path": "/home/user/w"}).json()["entries"]
+    assert [(e["name"], e["type"], e["owner"], e["metadata"]) for e in listed] == [
+        ("data.txt", "FILE_TYPE_FILE", "user", {"purpose": "wire"}),
+        ("link", "FILE_TYPE_FILE", "user", {"purpose": "wire"}),
+    ]

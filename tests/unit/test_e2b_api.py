@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import gzip
 import json
+import re
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -69,6 +71,9 @@ def _envd(sandbox: dict[str, Any], **extra: str) -> dict[str, str]:
     return {"E2b-Sandbox-Id": sandbox["sandboxID"], "X-Access-Token": sandbox["envdAccessToken"], **extra}
 
 
+_OCTETS = {"Content-Type": "application/octet-stream"}
+
+
 def _frames(body: bytes) -> list[tuple[int, dict[str, Any]]]:
     frames = []
     while body:
@@ -95,7 +100,7 @@ async def _rpc(client: httpx.AsyncClient, sandbox: dict[str, Any], method: str, 
 
 async def test_create_get_and_list_with_filters(client: httpx.AsyncClient) -> None:
     """Create answers the Sandbox shape with an access token; get and list show state, metadata and limits, and the
-    list filters by metadata and state and paginates with x-next-token."""
+    list (newest first) filters by metadata and state and paginates with x-next-token."""
     first = await _create(client, metadata={"team": "a"}, envVars={"X": "1"}, allow_internet_access=False)
     second = await _create(client, metadata={"team": "b"})
     assert set(first) >= {"sandboxID", "templateID", "clientID", "envdVersion", "envdAccessToken"}
@@ -106,10 +111,10 @@ async def test_create_get_and_list_with_filters(client: httpx.AsyncClient) -> No
     only_a = (await client.get("/e2b/v2/sandboxes", params={"metadata": "team=a"})).json()
     assert [s["sandboxID"] for s in only_a] == [first["sandboxID"]]
     page = await client.get("/e2b/v2/sandboxes", params={"limit": 1})
-    assert len(page.json()) == 1
-    assert page.headers["x-next-token"] == "1"
-    rest = await client.get("/e2b/v2/sandboxes", params={"limit": 1, "nextToken": "1"})
-    assert [s["sandboxID"] for s in rest.json()] == [second["sandboxID"]]
+    assert [s["sandboxID"] for s in page.json()] == [second["sandboxID"]]
+    token = page.headers["x-next-token"]
+    rest = await client.get("/e2b/v2/sandboxes", params={"limit": 1, "nextToken": token})
+    assert [s["sandboxID"] for s in rest.json()] == [first["sandboxID"]]
     assert "x-next-token" not in rest.headers
     await client.post(f"/e2b/sandboxes/{second['sandboxID']}/pause")
     paused = (await client.get("/e2b/v2/sandboxes", params={"state": "paused"})).json()
@@ -145,16 +150,24 @@ async def test_errors_have_e2b_shape(client: httpx.AsyncClient) -> None:
 
 
 async def test_timeouts_kill_or_pause(app: FastAPI, client: httpx.AsyncClient) -> None:
-    """The sweeper kills a sandbox past its timeout, or pauses it when created with autoPause."""
+    """A sandbox's timer kills it at its timeout, or pauses it when created with autoPause."""
     killed = await _create(client)
     paused = await _create(client, autoPause=True)
     state: E2BState = app.state.e2b
     for sandbox in (killed, paused):
         record = await state.service.get(sandbox["sandboxID"])
         await state.save(record, replace(SandboxExtras.of(record), end_at=time.time() - 1))
-    assert sorted(await state.sweep()) == sorted([killed["sandboxID"], paused["sandboxID"]])
-    assert (await state.service.get(killed["sandboxID"])).status == "destroyed"
-    assert (await state.service.get(paused["sandboxID"])).status == "stopped"
+    deadline = time.monotonic() + 10
+    statuses: tuple[str, str] = ("", "")
+    while time.monotonic() < deadline:
+        statuses = (
+            (await state.service.get(killed["sandboxID"])).status,
+            (await state.service.get(paused["sandboxID"])).status,
+        )
+        if statuses == ("destroyed", "stopped"):
+            break
+        await asyncio.sleep(0.01)
+    assert statuses == ("destroyed", "stopped")
 
 
 async def test_set_timeout_moves_the_deadline(app: FastAPI, client: httpx.AsyncClient) -> None:
@@ -181,25 +194,27 @@ async def test_files_roundtrip(client: httpx.AsyncClient) -> None:
     """Uploads (octet-stream, gzip and multipart with several files) and downloads of the same bytes."""
     sandbox = await _create(client)
     headers = _envd(sandbox)
-    raw = await client.post("/e2b/envd/files", params={"path": "raw.bin"}, headers=headers, content=bytes(range(256)))
-    assert raw.json() == [{"name": "raw.bin", "type": "file", "path": "/workspace/raw.bin"}]
+    raw = await client.post(
+        "/e2b/envd/files", params={"path": "raw.bin"}, headers={**headers, **_OCTETS}, content=bytes(range(256))
+    )
+    assert raw.json() == [{"name": "raw.bin", "type": "file", "path": "/home/user/raw.bin"}]
     zipped = await client.post(
         "/e2b/envd/files",
-        params={"path": "/workspace/z.txt"},
-        headers={**headers, "Content-Encoding": "gzip"},
+        params={"path": "/home/user/z.txt"},
+        headers={**headers, **_OCTETS, "Content-Encoding": "gzip"},
         content=gzip.compress(b"zipped"),
     )
     assert zipped.status_code == 200
     multi = await client.post(
         "/e2b/envd/files",
         headers=headers,
-        files=[("file", ('/workspace/m/a "q".txt', b"A\r\n--not-a-boundary")), ("file", ("m/b.txt", b"B"))],
+        files=[("file", ('/home/user/m/a "q".txt', b"A\r\n--not-a-boundary")), ("file", ("m/b.txt", b"B"))],
     )
-    assert [f["path"] for f in multi.json()] == ['/workspace/m/a "q".txt', "/workspace/m/b.txt"]
+    assert [f["path"] for f in multi.json()] == ['/home/user/m/a "q".txt', "/home/user/m/b.txt"]
     for path, content in [
-        ("/workspace/raw.bin", bytes(range(256))),
-        ("/workspace/z.txt", b"zipped"),
-        ('/workspace/m/a "q".txt', b"A\r\n--not-a-boundary"),
+        ("/home/user/raw.bin", bytes(range(256))),
+        ("/home/user/z.txt", b"zipped"),
+        ('/home/user/m/a "q".txt', b"A\r\n--not-a-boundary"),
         ("m/b.txt", b"B"),
     ]:
         answer = await client.get("/e2b/envd/files", params={"path": path}, headers=headers)
@@ -211,7 +226,9 @@ async def test_files_roundtrip(client: httpx.AsyncClient) -> None:
 async def test_filesystem_rpcs(client: httpx.AsyncClient) -> None:
     """Stat, ListDir with depth, MakeDir (already_exists the second time), Move and Remove (missing is fine)."""
     sandbox = await _create(client)
-    await client.post("/e2b/envd/files", params={"path": "d/e/f.txt"}, headers=_envd(sandbox), content=b"12345")
+    await client.post(
+        "/e2b/envd/files", params={"path": "d/e/f.txt"}, headers=_envd(sandbox, **_OCTETS), content=b"12345"
+    )
     stat = (await _rpc(client, sandbox, "filesystem.Filesystem/Stat", path="d/e/f.txt")).json()["entry"]
     assert (stat["name"], stat["type"], stat["size"], stat["permissions"]) == (
         "f.txt",
@@ -222,10 +239,10 @@ async def test_filesystem_rpcs(client: httpx.AsyncClient) -> None:
     assert stat["modifiedTime"].endswith("Z")
     shallow = (await _rpc(client, sandbox, "filesystem.Filesystem/ListDir", path="d", depth=1)).json()
     deep = (await _rpc(client, sandbox, "filesystem.Filesystem/ListDir", path="d", depth=2)).json()
-    assert [e["path"] for e in shallow["entries"]] == ["/workspace/d/e"]
-    assert [e["path"] for e in deep["entries"]] == ["/workspace/d/e", "/workspace/d/e/f.txt"]
+    assert [e["path"] for e in shallow["entries"]] == ["/home/user/d/e"]
+    assert [e["path"] for e in deep["entries"]] == ["/home/user/d/e", "/home/user/d/e/f.txt"]
     moved = await _rpc(client, sandbox, "filesystem.Filesystem/Move", source="d/e/f.txt", destination="x/g.txt")
-    assert moved.json()["entry"]["path"] == "/workspace/x/g.txt"
+    assert moved.json()["entry"]["path"] == "/home/user/x/g.txt"
     assert (await _rpc(client, sandbox, "filesystem.Filesystem/Remove", path="d")).json() == {}
     assert (await _rpc(client, sandbox, "filesystem.Filesystem/Remove", path="d")).status_code == 200
     gone = await _rpc(client, sandbox, "filesystem.Filesystem/Stat", path="d")
@@ -277,7 +294,9 @@ async def test_signed_file_urls(client: httpx.AsyncClient) -> None:
     """A file URL signed with the sandbox's access token (as the SDK's download_url signs it) works without headers
     at /files, and an expired or forged signature is refused."""
     sandbox = await _create(client)
-    await client.post("/e2b/envd/files", params={"path": "/workspace/s.txt"}, headers=_envd(sandbox), content=b"s")
+    await client.post(
+        "/e2b/envd/files", params={"path": "/workspace/s.txt"}, headers=_envd(sandbox, **_OCTETS), content=b"s"
+    )
     signed = get_signature("/workspace/s.txt", "read", None, sandbox["envdAccessToken"], 60)
     path = "/workspace/s.txt"
     params = {"path": path, "signature": signed["signature"], "signature_expiration": signed["expiration"]}
@@ -289,3 +308,158 @@ async def test_signed_file_urls(client: httpx.AsyncClient) -> None:
     assert (await client.get("/files", params=late, headers=anonymous)).status_code == 401
     forged = {**params, "signature": "v1_forged"}
     assert (await client.get("/files", params=forged, headers=anonymous)).status_code == 401
+
+
+async def _shell(client: httpx.AsyncClient, sandbox: dict[str, Any], script: str) -> None:
+    frames = await _run(client, sandbox, script)
+    assert frames[-2][1]["event"]["end"]["exitCode"] == 0, frames
+
+
+async def _upload(
+    client: httpx.AsyncClient, sandbox: dict[str, Any], path: str, data: bytes, **headers: str
+) -> httpx.Response:
+    return await client.post(
+        "/e2b/envd/files", params={"path": path}, headers=_envd(sandbox, **_OCTETS, **headers), content=data
+    )
+
+
+async def _entry(client: httpx.AsyncClient, sandbox: dict[str, Any], path: str) -> dict[str, Any]:
+    answer = await _rpc(client, sandbox, "filesystem.Filesystem/Stat", path=path)
+    assert answer.status_code == 200, answer.text
+    entry: dict[str, Any] = answer.json()["entry"]
+    return entry
+
+
+async def test_entries_are_reported_as_envd_reports_them(app: FastAPI, client: httpx.AsyncClient) -> None:
+    """Stat and ListDir give Go's permission string and the permission bits, leave default values out, and report a
+    symlink with its target's type and bits and the resolved symlinkTarget (a dangling one: no type, its own path)."""
+    sandbox = await _create(client)
+    runtime = app.state.e2b.service.runtime
+    await _upload(client, sandbox, "/home/user/d/empty.txt", b"")
+    await _upload(client, sandbox, "/home/user/d/tool", b"#!/bin/sh\n")
+    await runtime.chmod(sandbox["sandboxID"], "/home/user/d/tool", 0o4755)
+    await _shell(client, sandbox, "cd /home/user/d && ln -s tool link && ln -s /home/user/d dirlink && ln -s gone dead")
+    empty = await _entry(client, sandbox, "/home/user/d/empty.txt")
+    assert "size" not in empty, "a zero size is left out, as protobuf JSON does"
+    assert (empty["type"], empty["mode"], empty["permissions"]) == ("FILE_TYPE_FILE", 0o644, "-rw-r--r--")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{3}|\.\d{6})?Z", empty["modifiedTime"])
+    tool = await _entry(client, sandbox, "d/tool")
+    assert (tool["mode"], tool["permissions"], tool["size"]) == (0o755, "urwxr-xr-x", "10")
+    link = await _entry(client, sandbox, "/home/user/d/link")
+    assert (link["type"], link["mode"], link["permissions"]) == ("FILE_TYPE_FILE", 0o755, "Lrwxrwxrwx")
+    assert (link["symlinkTarget"], link["path"], link["name"]) == ("/home/user/d/tool", "/home/user/d/link", "link")
+    assert "isSymlink" not in link, "isSymlink would make the SDK say SYMLINK where E2B says the target's type"
+    dirlink = await _entry(client, sandbox, "/home/user/d/dirlink")
+    assert (dirlink["type"], dirlink["symlinkTarget"]) == ("FILE_TYPE_DIRECTORY", "/home/user/d")
+    dead = await _entry(client, sandbox, "/home/user/d/dead")
+    assert ("type" in dead, "mode" in dead, dead["symlinkTarget"]) == (False, False, "/home/user/d/dead")
+    listed = (await _rpc(client, sandbox, "filesystem.Filesystem/ListDir", path="/home/user/d/dirlink")).json()
+    assert [(e["path"], e.get("type")) for e in listed["entries"]] == [
+        ("/home/user/d/dead", None),
+        ("/home/user/d/dirlink", "FILE_TYPE_DIRECTORY"),
+        ("/home/user/d/empty.txt", "FILE_TYPE_FILE"),
+        ("/home/user/d/link", "FILE_TYPE_FILE"),
+        ("/home/user/d/tool", "FILE_TYPE_FILE"),
+    ], "the symlinked directory is listed at its resolved path, and the symlink inside is not walked into"
+    deep = (await _rpc(client, sandbox, "filesystem.Filesystem/ListDir", path="/home/user", depth=3)).json()
+    assert "/home/user/d/dirlink/tool" not in [e["path"] for e in deep["entries"]]
+    made = await _rpc(client, sandbox, "filesystem.Filesystem/MakeDir", path="/home/user/d")
+    assert (made.status_code, made.json()["message"]) == (409, "directory already exists: /home/user/d")
+
+
+async def test_file_metadata(app: FastAPI, client: httpx.AsyncClient) -> None:
+    """X-Metadata-* headers set a file's metadata (keys lowercased): the upload answer, Stat, ListDir and a symlink
+    show it, Move carries it (a file or a whole directory), an upload without it and Remove clear it, and invalid
+    metadata is refused before anything is written."""
+    sandbox = await _create(client)
+    written = await _upload(client, sandbox, "/workspace/m/a.txt", b"a", **{"X-Metadata-Author": "mish"})
+    assert written.json() == [
+        {"name": "a.txt", "type": "file", "path": "/workspace/m/a.txt", "metadata": {"author": "mish"}}
+    ]
+    assert (await _entry(client, sandbox, "/workspace/m/a.txt"))["metadata"] == {"author": "mish"}
+    await _shell(client, sandbox, "ln -s /workspace/m/a.txt /workspace/m/link")
+    assert (await _entry(client, sandbox, "/workspace/m/link"))["metadata"] == {"author": "mish"}
+    multi = await client.post(
+        "/e2b/envd/files",
+        headers=_envd(sandbox, **{"X-Metadata-Tag": "both"}),
+        files=[("file", ("/workspace/m/b.txt", b"b")), ("file", ("/workspace/m/c.txt", b"c"))],
+    )
+    assert [f["metadata"] for f in multi.json()] == [{"tag": "both"}, {"tag": "both"}]
+    listed = (await _rpc(client, sandbox, "filesystem.Filesystem/ListDir", path="/workspace/m")).json()["entries"]
+    assert {e["name"]: e.get("metadata") for e in listed} == {
+        "a.txt": {"author": "mish"},
+        "b.txt": {"tag": "both"},
+        "c.txt": {"tag": "both"},
+        "link": {"author": "mish"},
+    }
+    moved = await _rpc(
+        client, sandbox, "filesystem.Filesystem/Move", source="/workspace/m/a.txt", destination="/workspace/m/c.txt"
+    )
+    assert moved.json()["entry"]["metadata"] == {"author": "mish"}, "the moved file's metadata replaces the old file's"
+    await _shell(client, sandbox, "touch /workspace/m/a.txt")
+    assert "metadata" not in await _entry(client, sandbox, "/workspace/m/a.txt"), "the metadata left with the file"
+    await _rpc(client, sandbox, "filesystem.Filesystem/Move", source="/workspace/m", destination="/workspace/n")
+    assert (await _entry(client, sandbox, "/workspace/n/b.txt"))["metadata"] == {"tag": "both"}
+    plain = await _upload(client, sandbox, "/workspace/n/b.txt", b"again")
+    assert "metadata" not in plain.json()[0]
+    assert "metadata" not in await _entry(client, sandbox, "/workspace/n/b.txt"), "an upload replaces the whole set"
+    await _rpc(client, sandbox, "filesystem.Filesystem/Remove", path="/workspace/n")
+    # Written as a command would write it, not through envd: only what Remove left behind could give it metadata.
+    await app.state.e2b.service.runtime.write_file(sandbox["sandboxID"], "/workspace/n/c.txt", b"by a command")
+    assert "metadata" not in await _entry(client, sandbox, "/workspace/n/c.txt"), "Remove dropped the metadata"
+    await _shell(client, sandbox, "ln -s /workspace/n/c.txt /workspace/via")
+    await _upload(client, sandbox, "/workspace/via", b"through the link", **{"X-Metadata-Via": "link"})
+    assert (await _entry(client, sandbox, "/workspace/n/c.txt"))["metadata"] == {"via": "link"}, "the target has it"
+    await _upload(client, sandbox, "/workspace/via", b"plain")
+    assert "metadata" not in await _entry(client, sandbox, "/workspace/n/c.txt"), "and loses it through the link"
+    for bad in ({"X-Metadata-Key": "tab\there"}, {"X-Metadata-" + "k" * 247: "v"}, {"X-Metadata-Big": "v" * 5000}):
+        refused = await _upload(client, sandbox, "/workspace/refused.txt", b"x", **bad)
+        assert (refused.status_code, refused.json()["code"]) == (400, 400), bad
+        assert refused.json()["message"].startswith("invalid metadata: ")
+    missing = await _rpc(client, sandbox, "filesystem.Filesystem/Stat", path="/workspace/refused.txt")
+    assert missing.status_code == 404, "a refused upload writes nothing"
+
+
+async def test_gzip_both_ways(client: httpx.AsyncClient) -> None:
+    """Downloads come gzipped when Accept-Encoding prefers gzip (with Vary and the type Go gives the extension),
+    plain otherwise, and 400 when nothing acceptable is left; gzipped uploads are inflated for octet-stream and
+    multipart bodies, and an unknown Content-Encoding is refused."""
+    sandbox = await _create(client)
+    content = b'{"numbers": [' + b", ".join(str(i).encode() for i in range(2000)) + b"]}"
+    zipped = await _upload(
+        client, sandbox, "/home/user/data.json", gzip.compress(content), **{"Content-Encoding": "GZIP"}
+    )
+    assert zipped.status_code == 200, zipped.text
+    multipart = httpx.Request("POST", "http://x", files=[("file", ("/home/user/part.txt", b"inside a part"))])
+    inflated = await client.post(
+        "/e2b/envd/files",
+        headers=_envd(sandbox, **{"Content-Type": multipart.headers["content-type"], "Content-Encoding": "gzip"}),
+        content=gzip.compress(multipart.read()),
+    )
+    assert [f["path"] for f in inflated.json()] == ["/home/user/part.txt"]
+    for accept, encoding in [("gzip", "gzip"), ("identity, gzip", None), ("br;q=1, gzip;q=0.5", "gzip"), ("", None)]:
+        answer = await client.get(
+            "/e2b/envd/files",
+            params={"path": "/home/user/data.json"},
+            headers=_envd(sandbox, **{"Accept-Encoding": accept}),
+        )
+        assert (answer.status_code, answer.headers.get("content-encoding"), answer.content) == (200, encoding, content)
+        assert (answer.headers["vary"], answer.headers["content-type"]) == ("Accept-Encoding", "application/json")
+    request = client.build_request(
+        "GET", "/e2b/envd/files", params={"path": "part.txt"}, headers=_envd(sandbox, **{"Accept-Encoding": "gzip"})
+    )
+    raw = await client.send(request, stream=True)
+    try:
+        on_the_wire = b"".join([chunk async for chunk in raw.aiter_raw()])
+    finally:
+        await raw.aclose()
+    assert gzip.decompress(on_the_wire) == b"inside a part"
+    refused = await client.get(
+        "/e2b/envd/files",
+        params={"path": "part.txt"},
+        headers=_envd(sandbox, **{"Accept-Encoding": "br, identity;q=0"}),
+    )
+    assert (refused.status_code, refused.json()["code"]) == (400, 400)
+    unknown = await _upload(client, sandbox, "/home/user/x.bin", b"x", **{"Content-Encoding": "br"})
+    assert (unknown.status_code, unknown.json()["code"]) == (400, 400)
+    assert "unsupported Content-Encoding: br" in unknown.json()["message"]

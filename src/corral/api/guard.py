@@ -89,7 +89,9 @@ class RequestGuard:
             return
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
-            await _reject(send, 413, "payload_too_large", f"the request body is larger than {limit} bytes")
+            # The E2B-compatible API answers in E2B's error shape (corral.api.e2b._errors), this one included.
+            e2b = path in ("/e2b", "/files") or path.startswith("/e2b/")
+            await _reject(send, 413, "payload_too_large", f"the request body is larger than {limit} bytes", e2b=e2b)
             return
         await self.app(scope, _capped(receive, limit), send)
 
@@ -113,8 +115,11 @@ def _capped(receive: Receive, limit: int) -> Receive:
     return wrapped
 
 
-async def _reject(send: Send, status: int, code: str, message: str, *, www_authenticate: bool = False) -> None:
-    body = json.dumps({"error": {"code": code, "message": message, "details": {}}}).encode()
+async def _reject(
+    send: Send, status: int, code: str, message: str, *, www_authenticate: bool = False, e2b: bool = False
+) -> None:
+    shape = {"error": {"code": code, "message": message, "details": {}}}
+    body = json.dumps({"code": status, "message": message} if e2b else shape).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

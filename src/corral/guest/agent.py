@@ -14,6 +14,10 @@ Requests carry ``{"id": n, "op": ...}``; replies carry the same ``id`` and an ``
   its process group is killed, so nothing it started keeps running unnoticed (a fork bomb included); a process meant
   to outlive its command must start its own session (``setsid``). ``kill {target}`` kills a running exec's process
   group, or stops a read.
+* ``pty {argv, cwd, env, rows, cols, timeout_s}`` (feature ``pty``): the command runs with a new pseudo-terminal as
+  its stdin, stdout, stderr and controlling terminal (``TERM=xterm-256color`` unless ``env`` says otherwise) ->
+  ``out`` frames (``fd`` 1: what the terminal shows), then ``exit`` as for ``exec``. ``pty_input {target}`` (payload:
+  bytes typed into the terminal) and ``pty_resize {target, rows, cols}`` -> ``result {}``; ``kill {target}`` ends it.
 * ``read {path}`` -> ``open {size}``, ``data`` frames, ``end``. ``write {path, mode}`` -> the host then sends
   ``data`` frames and ``end`` with the same id -> ``result {bytes_written}``.
 * Flow control: of each exec's output and each read, at most :data:`WINDOW` bytes may be unacknowledged; the host
@@ -21,6 +25,10 @@ Requests carry ``{"id": n, "op": ...}``; replies carry the same ``id`` and an ``
   its pipes, so the command blocks on write: a slow client slows the command, it never fills anyone's memory.
 * Limits: a header holds at most :data:`MAX_HEADER` bytes and a payload :data:`MAX_PAYLOAD`; the host closes the
   connection on any frame past them.
+* ``watch {path, recursive}`` (feature ``watch``): inotify on a directory (and, recursive, on every directory below
+  it, those created later included) -> ``open {}``, then ``data`` frames (payload: a JSON object ``{"events": [[name,
+  type], ...], "dropped": n}``, names relative to the directory, types ``create``, ``write``, ``remove``,
+  ``rename``, ``chmod``) under the same flow control as a read; ``kill {target}`` ends it. See :class:`DirWatch`.
 * ``stat``, ``list``, ``delete``, ``move``, ``chmod``, ``mkdir``, ``glob``, ``realpath``, ``usage``, ``ping`` ->
   ``result {...}``.
 * Every file operation also takes ``beneath`` (an absolute directory, e.g. ``/workspace``): its paths are then
@@ -35,9 +43,12 @@ Diagnostics go to stderr, which the host logs; stdout carries frames only.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
+import dataclasses
 import errno
+import fcntl
 import fnmatch
 import glob as globlib
 import json
@@ -51,6 +62,8 @@ import socket
 import stat as statlib
 import struct
 import subprocess
+import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -64,8 +77,9 @@ LOADER_VARIABLES = (
 )  # fmt: skip
 """The variables the host empties for the agent's own process (see corral.providers.agent_runtime). Flags the loader
 honours whatever their value (LD_SHOW_AUXV, LD_BIND_NOT...) cannot be emptied this way; they change no code path."""
-FEATURES = ["beneath"]
-"""What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths)."""
+FEATURES = ["beneath", "pty", "user", "watch"]
+"""What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths;
+``pty``: commands on a pseudo-terminal; ``user``: commands run as, and files written for, a user of the workspace)."""
 CHUNK = 256 * 1024
 MAX_HEADER = 1024 * 1024
 """The largest frame header either side accepts (a directory listing or glob result travels in one; one that would
@@ -130,6 +144,7 @@ class Agent:
         self.procs: dict[int, Process] = {}  # exec id -> its process, for kill
         self.streams: dict[int, Window] = {}  # exec or read id -> its flow-control window
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
+        self.terminals: dict[int, Terminal] = {}  # pty id -> its terminal, for input and resize
         self.base_env = dict(os.environ)
         # The host starts the agent with the loader's variables emptied and LC_ALL=C (see the agent runtime); its
         # commands get the container's own values back.
@@ -202,14 +217,18 @@ class Agent:
                 self.result(rid, {"bytes_written": size})
             return
         if op == "write":
+            # The owner first: an unknown user fails before anything is created.
+            owner = lookup_account(h["owner"]) if h.get("owner") else None
             if h.get("beneath"):
                 fd = create_beneath(h)
             else:
                 path = h["path"]
                 parent = os.path.dirname(path)
                 if parent:
-                    os.makedirs(parent, exist_ok=True)
+                    makedirs_owned(parent, owner)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, h.get("mode") or 0o644)
+            if owner is not None:
+                os.fchown(fd, owner.uid, owner.gid)
             if h.get("mode") is not None:
                 os.fchmod(fd, h["mode"])
             self.writes[rid] = os.fdopen(fd, "wb")
@@ -220,7 +239,17 @@ class Agent:
             if window is not None:
                 window.grant(int(h.get("bytes", 0)))
             return
+        if op == "pty_input":  # inline too, so keystrokes stay ordered
+            terminal = self.terminals.get(h.get("target", -1))
+            if terminal is None:
+                raise ValueError(f"no terminal {h.get('target')!r} is running")
+            terminal.feed(payload)
+            self.result(rid, {})
+            return
         if op == "kill":
+            terminal = self.terminals.get(h["target"])
+            if terminal is not None:
+                terminal.killed = True  # a kill right behind the request: its worker may not have started it yet
             window = self.streams.get(h["target"])
             if window is not None:
                 window.cancel()
@@ -233,7 +262,11 @@ class Agent:
         if handler is None:
             self.send({"id": rid, "ev": "error", "kind": "invalid", "message": f"unknown operation {op!r}"})
             return
-        if op in ("exec", "read", "glob", "usage"):
+        if op == "pty":  # its terminal exists at once: input or a resize sent right behind may come before the worker
+            rows, cols = _size(h)
+            self.terminals[rid] = Terminal(*os.openpty())
+            self.terminals[rid].resize(rows, cols)
+        if op in ("exec", "pty", "read", "glob", "usage", "watch"):
             self.workers.submit(self.guarded, handler, rid, h)
         else:
             self.result(rid, handler(h))
@@ -247,17 +280,18 @@ class Agent:
             self.error(rid, exc)
 
     # commands -----------------------------------------------------------------------------------------------------
-    def spawn(self, argv: list[str], cwd: str, env: dict[str, str]) -> Process:
+    def spawn(self, argv: list[str], cwd: str, env: dict[str, str], account: Account | None = None) -> Process:
         """Start a command with its own session, stdin from /dev/null and stdout/stderr piped to the agent.
 
         Through the spawner when the container runs one (see "the spawner" below), so that the command belongs to
         the container's own process tree and survives a checkpoint; else (an older container, a spawner killed by
-        the workspace) as the agent's own child.
+        the workspace) as the agent's own child. With ``account`` it runs as that user (groups: its primary only).
         """
+        uid, gid = (account.uid, account.gid) if account is not None else (-1, -1)
         if self.spawner is not None:
             sock = self.spawner_connection()
             if sock is not None:
-                return Spawned.start(sock, argv, cwd, env)
+                return Spawned.start(sock, argv, cwd, env, uid=uid, gid=gid)
         return subprocess.Popen(
             argv,
             cwd=cwd,
@@ -266,6 +300,9 @@ class Agent:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            user=None if account is None else uid,
+            group=None if account is None else gid,
+            extra_groups=None if account is None else [gid],
         )
 
     def spawner_connection(self) -> socket.socket | None:
@@ -292,12 +329,15 @@ class Agent:
     def op_exec(self, h: Header) -> None:
         rid = h["id"]
         env = dict(self.base_env)
+        account = lookup_account(h["user"]) if h.get("user") else None
+        if account is not None:
+            env.update(account.env())
         env.update(h.get("env") or {})
         started = time.monotonic()
         timeout = h.get("timeout_s")
         deadline: float | None = started + timeout if timeout else None
         try:
-            proc = self.spawn(h["argv"], h.get("cwd") or "/", env)
+            proc = self.spawn(h["argv"], h.get("cwd") or "/", env, account)
         except FileNotFoundError as exc:
             # Same convention as a shell: a missing program or cwd is exit 127 with the reason on stderr.
             what = h.get("cwd") if exc.filename == h.get("cwd") else h["argv"][0]
@@ -378,6 +418,143 @@ class Agent:
         )
         return
 
+    def op_pty(self, h: Header) -> None:
+        rid = h["id"]
+        terminal = self.terminals[rid]
+        try:
+            self.run_terminal(rid, h, terminal)
+        finally:
+            self.terminals.pop(rid, None)
+            terminal.close()
+
+    def run_terminal(self, rid: int, h: Header, terminal: Terminal) -> None:
+        env = dict(self.base_env)
+        env["TERM"] = "xterm-256color"  # what a terminal client renders; the request may say otherwise
+        account = lookup_account(h["user"]) if h.get("user") else None
+        if account is not None:
+            env.update(account.env())
+        env.update(h.get("env") or {})
+        started = time.monotonic()
+        timeout = h.get("timeout_s")
+        deadline: float | None = started + timeout if timeout else None
+        master, slave = terminal.master, terminal.slave
+        assert slave is not None  # closed only once the command has started
+        try:
+            proc = self.spawn_terminal(h["argv"], h.get("cwd") or "/", env, slave, account)
+        except FileNotFoundError as exc:
+            what = h.get("cwd") if exc.filename == h.get("cwd") else h["argv"][0]
+            self.send({"id": rid, "ev": "out", "fd": 1}, f"{what}: not found\r\n".encode())
+            self.send({"id": rid, "ev": "exit", "code": 127, "timed_out": False, "duration_ms": 0.0})
+            return
+        finally:
+            terminal.close_slave()  # the command holds its own copies: the master reads EIO once they are all closed
+        self.procs[rid] = proc
+        if terminal.killed:
+            kill_group(proc)
+        window = self.streams[rid] = Window()
+        timed_out = False
+        poller = select.poll()
+        poller.register(terminal.wake_r, select.POLLIN)
+        poller.register(master, 0)
+        exited_at: float | None = None
+        try:
+            while not window.cancelled:
+                now = time.monotonic()
+                if deadline is not None and not timed_out and now >= deadline:
+                    timed_out = True
+                    kill_group(proc)
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                # A background child may keep the terminal open after the command exits; stop reading soon after.
+                if exited_at is not None and now - exited_at > 0.25:
+                    break
+                wait = 0.05 if exited_at is None else 0.25 - (now - exited_at)
+                if deadline is not None and not timed_out:
+                    wait = min(wait, deadline - now)
+                room = window.room() > 0
+                # No credit: the terminal is left unread, so the command blocks on its writes until the host reads.
+                poller.modify(master, (select.POLLIN if room else 0) | (select.POLLOUT if terminal.pending else 0))
+                if not room and not terminal.pending:
+                    window.wait(max(0.0, wait))
+                    continue
+                ended = False
+                for fd, events in poller.poll(max(0.0, wait) * 1000):
+                    if fd == terminal.wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(terminal.wake_r, 4096)
+                        continue
+                    if events & select.POLLOUT:
+                        terminal.flush()
+                    if not events & (select.POLLIN | select.POLLHUP | select.POLLERR):
+                        continue
+                    if window.room() <= 0:
+                        window.wait(max(0.0, wait))  # a hung-up terminal polls ready at once: do not spin
+                        continue
+                    try:
+                        data = os.read(master, min(CHUNK, window.room()))
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # EIO: every copy of the slave side is closed
+                        data = b""
+                    if not data:
+                        ended = True
+                        break
+                    window.take(len(data) + FRAME_COST)
+                    self.send({"id": rid, "ev": "out", "fd": 1}, data)
+                if ended:
+                    break
+            while True:
+                try:
+                    code = proc.wait(None if deadline is None or timed_out else max(deadline - time.monotonic(), 0))
+                    break
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    kill_group(proc)
+            kill_group(proc)  # nothing it left in its process group keeps running
+        finally:
+            self.procs.pop(rid, None)
+            self.streams.pop(rid, None)
+        self.send(
+            {
+                "id": rid,
+                "ev": "exit",
+                "code": 128 - code if code < 0 else code,
+                "timed_out": timed_out,
+                "duration_ms": (time.monotonic() - started) * 1000,
+            }
+        )
+
+    def op_pty_resize(self, h: Header) -> Header:
+        terminal = self.terminals.get(h.get("target", -1))
+        if terminal is None:
+            raise ValueError(f"no terminal {h.get('target')!r} is running")
+        terminal.resize(*_size(h))
+        return {}
+
+    def spawn_terminal(
+        self, argv: list[str], cwd: str, env: dict[str, str], slave: int, account: Account | None = None
+    ) -> Process:
+        """Start a command in its own session with the pty ``slave`` as its stdin, stdout, stderr and controlling
+        terminal: through the spawner when there is one (see :meth:`spawn`), else as the agent's own child."""
+        uid, gid = (account.uid, account.gid) if account is not None else (-1, -1)
+        if self.spawner is not None:
+            sock = self.spawner_connection()
+            if sock is not None:
+                return Spawned.start(sock, argv, cwd, env, uid=uid, gid=gid, terminal=slave)
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+            preexec_fn=_take_terminal,  # noqa: PLW1509 - runs after setsid; only the fallback without a spawner
+            user=None if account is None else uid,
+            group=None if account is None else gid,
+            extra_groups=None if account is None else [gid],
+        )
+
     def op_read(self, h: Header) -> None:
         rid = h["id"]
         window = self.streams[rid] = Window()
@@ -411,9 +588,10 @@ class Agent:
         path = h["path"]
         names = sorted(os.listdir(path))
         out: list[Header] = []
+        owners: dict[str, dict[int, str]] = {}
         for name in names:
             try:
-                out.append(file_info(os.path.join(path, name)))
+                out.append(file_info(os.path.join(path, name), names=owners))
             except FileNotFoundError:
                 continue  # removed while we listed
         return {"entries": out}
@@ -450,7 +628,10 @@ class Agent:
     def op_mkdir(self, h: Header) -> Header:
         if h.get("beneath"):
             return mkdir_beneath(h)
-        os.makedirs(h["path"], exist_ok=h.get("exist_ok", True))
+        owner = lookup_account(h["owner"]) if h.get("owner") else None
+        if not h.get("exist_ok", True) and os.path.lexists(h["path"]):
+            raise FileExistsError(errno.EEXIST, "File exists", h["path"])
+        makedirs_owned(h["path"], owner)
         return {}
 
     def op_realpath(self, h: Header) -> Header:
@@ -481,6 +662,163 @@ class Agent:
                 with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
         return {"bytes": total}
+
+    def op_watch(self, h: Header) -> None:
+        rid = h["id"]
+        path = realpath_beneath(h)["path"] if h.get("beneath") else os.path.normpath(h["path"])
+        window = self.streams[rid] = Window()
+        try:
+            with DirWatch(path, recursive=bool(h.get("recursive"))) as watch:
+                self.send({"id": rid, "ev": "open"})
+                while not window.cancelled:
+                    watch.poll(WATCH_TICK_S)
+                    while watch.pending and not window.cancelled:
+                        if window.room() < WATCH_BATCH:
+                            window.wait(WATCH_TICK_S)  # the host is behind: inotify keeps queueing, bounded
+                            watch.poll(0)
+                            continue
+                        payload = watch.take(WATCH_BATCH)
+                        window.take(len(payload) + FRAME_COST)
+                        self.send({"id": rid, "ev": "data"}, payload)
+        finally:
+            self.streams.pop(rid, None)
+        # Only a kill ends a watch (as envd's, it outlives its directory), and a killed request gets no last frame.
+
+
+WATCH_TICK_S = 0.1
+"""How often a watch looks whether it was stopped while no event arrives."""
+WATCH_BATCH = 64 * 1024
+"""The largest payload of one watch frame (a JSON batch of events)."""
+WATCH_MAX_PENDING = 4096
+"""Events a watch holds while the host does not take them; past this the oldest are dropped (and counted)."""
+_IN_MODIFY, _IN_ATTRIB, _IN_MOVED_FROM, _IN_MOVED_TO = 0x2, 0x4, 0x40, 0x80
+_IN_CREATE, _IN_DELETE, _IN_DELETE_SELF, _IN_MOVE_SELF = 0x100, 0x200, 0x400, 0x800
+_IN_Q_OVERFLOW, _IN_IGNORED, _IN_ISDIR = 0x4000, 0x8000, 0x40000000
+_IN_ONLYDIR, _IN_DONT_FOLLOW, _IN_EXCL_UNLINK = 0x01000000, 0x02000000, 0x04000000
+_WATCH_MASK = (
+    _IN_MODIFY | _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_DELETE_SELF
+    | _IN_MOVE_SELF | _IN_ONLYDIR | _IN_DONT_FOLLOW | _IN_EXCL_UNLINK
+)  # fmt: skip
+# inotify bits -> event types, in the order envd (fsnotify) reports the operations of one event
+_WATCH_TYPES = (
+    (_IN_CREATE | _IN_MOVED_TO, "create"),
+    (_IN_MOVED_FROM | _IN_MOVE_SELF, "rename"),
+    (_IN_ATTRIB, "chmod"),
+    (_IN_MODIFY, "write"),
+    (_IN_DELETE | _IN_DELETE_SELF, "remove"),
+)
+_INOTIFY_EVENT = struct.Struct("iIII")
+
+
+class DirWatch:
+    """inotify on one directory (and, ``recursive``, every directory below it), as envd's ``WatchDir`` reports it.
+
+    gVisor implements inotify for changes made inside the sandbox (tested under runsc: create, modify, attrib,
+    moved_from/moved_to with a shared cookie, delete, and IN_ISDIR on a new directory), so no polling is needed.
+    Event names are relative to the watched directory (``.`` for the directory itself); a directory created (or
+    moved in) below a recursive watch is watched at once, and what it already holds by then is reported as created,
+    so a file written right after ``mkdir`` is not missed. At most :data:`WATCH_MAX_PENDING` events wait for the
+    host; past that the oldest are dropped and counted in the next batch's ``dropped``.
+    """
+
+    def __init__(self, path: str, *, recursive: bool) -> None:
+        if not statlib.S_ISDIR(os.stat(path).st_mode):  # a missing path raises FileNotFoundError (kind not_found)
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", path)
+        self.root = path
+        self.recursive = recursive
+        self.pending: collections.deque[tuple[str, str]] = collections.deque(maxlen=WATCH_MAX_PENDING)
+        self.dropped = 0
+        self.dirs: dict[int, str] = {}  # watch descriptor -> its directory, relative to the root ("" for the root)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"inotify is not available: {os.strerror(err)}")
+        try:
+            self._add("", report=False)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self) -> DirWatch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self.fd)
+
+    def _add(self, rel: str, *, report: bool) -> None:
+        """Watch the directory ``rel`` (and, recursive, those below it); ``report``: its entries are new."""
+        full = os.path.join(self.root, rel) if rel else self.root
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(full), _WATCH_MASK)
+        if wd < 0:
+            err = ctypes.get_errno()
+            if rel and err in (errno.ENOENT, errno.ENOTDIR):
+                return  # gone again before it could be watched: its removal is reported by its parent
+            raise OSError(err, os.strerror(err), full)
+        self.dirs[wd] = rel
+        if not (self.recursive or report):
+            return
+        with contextlib.suppress(OSError), os.scandir(full) as entries:
+            for entry in entries:
+                name = os.path.join(rel, entry.name) if rel else entry.name
+                if report:
+                    self._push(name, "create")
+                if self.recursive and entry.is_dir(follow_symlinks=False):
+                    self._add(name, report=report)
+
+    def _push(self, name: str, kind: str) -> None:
+        if len(self.pending) == self.pending.maxlen:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                print(f"watch {self.root}: the host is behind, {self.dropped} events dropped", file=sys.stderr)
+        self.pending.append((name, kind))
+
+    def poll(self, timeout: float) -> None:
+        """Read what inotify has (waiting up to ``timeout`` seconds for something) into :attr:`pending`."""
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return
+        try:
+            data = os.read(self.fd, 64 * 1024)
+        except BlockingIOError:
+            return
+        offset = 0
+        while offset + _INOTIFY_EVENT.size <= len(data):
+            wd, mask, _cookie, size = _INOTIFY_EVENT.unpack_from(data, offset)
+            raw = data[offset + _INOTIFY_EVENT.size : offset + _INOTIFY_EVENT.size + size].rstrip(b"\0")
+            offset += _INOTIFY_EVENT.size + size
+            self._event(wd, mask, os.fsdecode(raw))
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        if mask & _IN_Q_OVERFLOW:
+            self.dropped += 1  # the kernel's own queue overflowed: some events are lost
+            return
+        rel = self.dirs.get(wd)
+        if rel is None:
+            return
+        if mask & _IN_IGNORED:
+            self.dirs.pop(wd, None)  # the directory is gone (or unwatched)
+            return
+        if not name and rel:
+            return  # a subdirectory's own removal or move: its parent reports it by name
+        full = os.path.join(rel, name) if name else (rel or ".")
+        for bits, kind in _WATCH_TYPES:
+            if mask & bits:
+                self._push(full, kind)
+        if self.recursive and mask & _IN_ISDIR and mask & (_IN_CREATE | _IN_MOVED_TO) and name:
+            self._add(full, report=True)
+
+    def take(self, limit: int) -> bytes:
+        """The next batch of pending events as a frame payload of at most about ``limit`` bytes."""
+        events: list[list[str]] = []
+        size = 0
+        # Half the limit, plus one name of at most PATH_MAX escaped characters (6 bytes each at worst), stays below it.
+        while self.pending and (not events or size < limit // 2):
+            name, kind = self.pending.popleft()
+            events.append([name, kind])
+            size += len(json.dumps(name)) + 12  # as encoded: escapes make a name longer than its bytes
+        payload = json.dumps({"events": events, "dropped": self.dropped}, separators=(",", ":"))
+        self.dropped = 0
+        return payload.encode(errors="surrogateescape")
 
 
 class Window:
@@ -513,6 +851,81 @@ class Window:
         with self.cond:
             if self.credit <= FRAME_COST and not self.cancelled:
                 self.cond.wait(timeout)
+
+
+class Terminal:
+    """The master side of a running pty command: input waiting for the terminal to take it, and a pipe that wakes
+    the thread serving the command when some arrives."""
+
+    MAX_PENDING = 1024 * 1024
+    """Typed bytes the terminal may lag behind (a command that reads no input); more is refused."""
+
+    def __init__(self, master: int, slave: int) -> None:
+        self.master = master
+        self.slave: int | None = slave
+        os.set_blocking(master, False)
+        self.lock = threading.Lock()
+        self.pending = bytearray()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.closed = False
+        self.killed = False
+
+    def feed(self, data: bytes) -> None:
+        """Queue ``data`` for the terminal, written by its thread as the terminal takes it."""
+        with self.lock:
+            if self.closed:
+                raise ValueError("the terminal has ended")
+            if len(self.pending) + len(data) > self.MAX_PENDING:
+                raise ValueError(f"the command has not read {len(self.pending)} bytes of input; wait for it")
+            self.pending += data
+            with contextlib.suppress(OSError):
+                os.write(self.wake_w, b"\0")
+
+    def flush(self) -> None:
+        """Write what the terminal takes now (the master is non-blocking)."""
+        with self.lock:
+            try:
+                written = os.write(self.master, self.pending[:CHUNK]) if self.pending else 0
+            except BlockingIOError:
+                return
+            except OSError:
+                written = len(self.pending)  # the terminal is gone: its input with it
+            del self.pending[:written]
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Set the terminal's size; the kernel sends SIGWINCH to its foreground process group."""
+        with self.lock:
+            if not self.closed:
+                fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def close_slave(self) -> None:
+        """Drop the agent's copy of the slave side once the command has its own."""
+        if self.slave is not None:
+            os.close(self.slave)
+            self.slave = None
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.close_slave()
+            for fd in (self.master, self.wake_r, self.wake_w):
+                os.close(fd)
+
+
+def _size(h: Header) -> tuple[int, int]:
+    """The ``rows`` and ``cols`` of a request, checked (a terminal's size is two 16-bit numbers)."""
+    rows, cols = h.get("rows", 24), h.get("cols", 80)
+    for name, value in (("rows", rows), ("cols", cols)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+            raise ValueError(f"{name} must be between 1 and 65535, got {value!r}")
+    return rows, cols
+
+
+def _take_terminal() -> None:
+    """In the child, after setsid: make its stdin (the pty slave) the controlling terminal of its new session."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
 class Workers:
@@ -549,10 +962,17 @@ class Workers:
             fn(*args)  # guarded: never raises
 
 
-def file_info(path: str, dir_fd: int | None = None, name: str | None = None) -> Header:
-    """lstat of ``path``, or of ``name`` in the directory ``dir_fd`` (reported as ``path``)."""
+def file_info(
+    path: str, dir_fd: int | None = None, name: str | None = None, names: dict[str, dict[int, str]] | None = None
+) -> Header:
+    """lstat of ``path``, or of ``name`` in the directory ``dir_fd`` (reported as ``path``).
+
+    ``names`` caches the user and group tables for the entries of one listing; each request reads them afresh, so
+    users added meanwhile are seen.
+    """
     at = path if name is None else name
     st = os.stat(at, dir_fd=dir_fd, follow_symlinks=False)
+    cache = {} if names is None else names
     mode = st.st_mode
     if statlib.S_ISREG(mode):
         kind = "file"
@@ -570,7 +990,30 @@ def file_info(path: str, dir_fd: int | None = None, name: str | None = None) -> 
         "mode": statlib.S_IMODE(mode),
         "mtime": st.st_mtime,
         "symlink_target": os.readlink(at, dir_fd=dir_fd) if kind == "symlink" else None,
+        "owner": _id_name(cache, "/etc/passwd", st.st_uid),
+        "group": _id_name(cache, "/etc/group", st.st_gid),
     }
+
+
+def _id_name(cache: dict[str, dict[int, str]], table: str, number: int) -> str:
+    """The name of a uid (``table`` /etc/passwd) or gid (/etc/group), or the number in digits, as envd reports it.
+
+    The tables are read as text, never through NSS (``pwd``/``grp``): NSS loads the modules /etc/nsswitch.conf names
+    from the image's library directories, which would run a library the workspace controls inside the agent.
+    """
+    if table not in cache:
+        cache[table] = {}
+        with contextlib.suppress(OSError):
+            fd = os.open(table, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)  # a FIFO must not block us
+            try:
+                data = os.read(fd, 1 << 20) if statlib.S_ISREG(os.fstat(fd).st_mode) else b""
+            finally:
+                os.close(fd)
+            for line in data.decode(errors="replace").splitlines():
+                fields = line.split(":")
+                if len(fields) > 2 and fields[2].isascii() and fields[2].isdigit() and not line.startswith("#"):
+                    cache[table].setdefault(int(fields[2]), fields[0])  # the first entry wins, as in getpwuid
+    return cache[table].get(number, str(number))
 
 
 # --- paths confined beneath a root ---------------------------------------------------------------------------------
@@ -792,9 +1235,10 @@ def list_beneath(h: Header) -> Header:
         fd = os.open(name, _OPEN_DIR, dir_fd=dir_fd)
         try:
             out: list[Header] = []
+            owners: dict[str, dict[int, str]] = {}
             for entry in sorted(os.listdir(fd)):
                 try:
-                    out.append(file_info(os.path.join(path, entry), fd, entry))
+                    out.append(file_info(os.path.join(path, entry), fd, entry, owners))
                 except FileNotFoundError:
                     continue  # removed while we listed
             return {"entries": out}
@@ -1027,6 +1471,54 @@ def not_dumpable() -> None:
 # leave behind, are the spawner's children and come back after a restore. Its protocol is in spawner.c.
 
 SPAWNER_SOCKET = "/run/corral/spawner.sock"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Account:
+    """A user of the workspace, as its /etc/passwd names it."""
+
+    name: str
+    uid: int
+    gid: int
+    home: str
+    shell: str
+
+    def env(self) -> dict[str, str]:
+        """What login sets for this user (E2B sets the same for a command's user)."""
+        return {"HOME": self.home, "USER": self.name, "LOGNAME": self.name, "SHELL": self.shell}
+
+
+def makedirs_owned(path: str, owner: Account | None) -> None:
+    """``os.makedirs(path, exist_ok=True)``, the directories it creates given to ``owner`` (envd creates a user's
+    parent directories as that user). ``lchown``: a directory swapped for a symlink meanwhile changes nothing else."""
+    missing: list[str] = []
+    head = path
+    while head and head != os.path.dirname(head) and not os.path.isdir(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    os.makedirs(path, exist_ok=True)
+    if owner is not None:
+        for directory in reversed(missing):
+            os.chown(directory, owner.uid, owner.gid, follow_symlinks=False)
+
+
+def lookup_account(name: str, passwd: str = "/etc/passwd") -> Account:
+    """The account ``name`` from the workspace's ``passwd`` file, read as text.
+
+    Not Python's ``pwd``: it goes through NSS, which loads shared libraries from the workspace's image into the
+    agent. Raises ValueError naming the user when there is no such account.
+    """
+    try:
+        with open(passwd, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.rstrip("\n").split(":")
+                if len(fields) >= 7 and fields[0] == name and fields[2].isdigit() and fields[3].isdigit():
+                    return Account(name, int(fields[2]), int(fields[3]), fields[5] or "/", fields[6] or "/bin/sh")
+    except FileNotFoundError:
+        pass
+    raise ValueError(f"user {name!r} does not exist in this workspace (no such entry in {passwd})")
+
+
 SPAWNER_BOOT_S = 10.0
 SPAWNER_REPLY_S = 10.0
 SPAWNER_MESSAGE_MAX = 64 * 1024

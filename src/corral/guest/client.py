@@ -38,7 +38,15 @@ from typing import Any, NoReturn, Protocol
 from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
 from corral.guest.agent import FRAME_COST, MAX_HEADER, MAX_PAYLOAD, WINDOW, encode_frame
 
-__all__ = ["ByteReader", "GuestConnection", "GuestConnectionLost", "GuestProtocolError", "Writer"]
+__all__ = [
+    "ByteReader",
+    "GuestConnection",
+    "GuestConnectionLost",
+    "GuestProtocolError",
+    "GuestTerminal",
+    "WatchBatch",
+    "Writer",
+]
 
 log = logging.getLogger(__name__)
 _LEN = struct.Struct(">I")
@@ -301,10 +309,14 @@ class GuestConnection:
     async def call(self, op: str, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
         """Send one request and return its ``result`` object (``timeout``: the longest wait for the answer, by
         default the connection's ``answer_timeout_s``)."""
+        return await self.call_with(op, b"", timeout=timeout, **args)
+
+    async def call_with(self, op: str, payload: bytes, *, timeout: float | None = None, **args: Any) -> dict[str, Any]:
+        """:meth:`call` with ``payload`` as the request frame's bytes."""
         rid, request = self._open()
         done = False
         try:
-            await self._send({"id": rid, "op": op, **args})
+            await self._send({"id": rid, "op": op, **args}, payload)
             header, _ = await self._next(rid, request, -1.0 if timeout is None else timeout)
             done = True
             result = header.get("result", {})
@@ -315,13 +327,16 @@ class GuestConnection:
             self._finish(rid, done=done)
 
     async def exec(
-        self, argv: list[str], *, cwd: str, env: dict[str, str], timeout_s: float | None
+        self, argv: list[str], *, cwd: str, env: dict[str, str], timeout_s: float | None, **args: Any
     ) -> AsyncGenerator[Frame]:
-        """Start a command; yields ``out`` frames and finally the ``exit`` frame. Closing early kills it."""
+        """Start a command (``args``: more request fields, e.g. ``user``); yields ``out`` frames and finally the
+        ``exit`` frame. Closing early kills it."""
         rid, request = self._open(streaming=True)
         finished = False
         try:
-            await self._send({"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s})
+            await self._send(
+                {"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s, **args}
+            )
             while True:
                 frame = await self._next(rid, request, None)  # the command's own deadline applies (see remote.py)
                 if frame[0].get("ev") == "exit":
@@ -334,6 +349,30 @@ class GuestConnection:
             if not finished and not self._closed:
                 with contextlib.suppress(Exception):
                     await self._kill(rid)
+
+    async def open_pty(
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        rows: int,
+        cols: int,
+        timeout_s: float | None,
+        **args: Any,
+    ) -> GuestTerminal:
+        """Start a command on a new pseudo-terminal of ``rows`` x ``cols`` (the agent's ``pty`` feature); ``args``:
+        more request fields, e.g. ``user``."""
+        rid, request = self._open(streaming=True)
+        try:
+            await self._send(
+                {"id": rid, "op": "pty", "argv": argv, "cwd": cwd, "env": env, "rows": rows, "cols": cols}
+                | {"timeout_s": timeout_s, **args}
+            )
+        except BaseException:
+            self._finish(rid, done=False)
+            raise
+        return GuestTerminal(self, rid, request)
 
     async def open_read(self, path: str, **args: Any) -> AsyncGenerator[bytes]:
         """Open ``path`` for reading: path errors are raised now; returns the chunks (close early to stop the read)."""
@@ -358,6 +397,35 @@ class GuestConnection:
         finally:
             self._finish(rid, done=finished)
             if not finished and not self._closed:  # the reader stopped early: the agent stops reading the file
+                with contextlib.suppress(Exception):
+                    await self._kill(rid)
+
+    async def open_watch(self, path: str, *, recursive: bool, **args: Any) -> AsyncGenerator[WatchBatch]:
+        """Watch the directory ``path``: path errors are raised now; returns batches of ``(name, type)`` events and
+        how many were dropped before each (close it to stop the watch)."""
+        rid, request = self._open(streaming=True)
+        try:
+            await self._send({"id": rid, "op": "watch", "path": path, "recursive": recursive, **args})
+            await self._next(rid, request)  # "open", or an error
+        except BaseException:
+            self._finish(rid, done=False)
+            raise
+        return self._watch_batches(rid, request)
+
+    async def _watch_batches(self, rid: int, request: _Request) -> AsyncGenerator[WatchBatch]:
+        finished = False
+        try:
+            while True:
+                # A quiet directory sends nothing for as long as it stays quiet: no answer deadline here. A lost
+                # connection still ends the wait (every pending request is woken with None).
+                header, payload = await self._next(rid, request, None)
+                if header.get("ev") == "end":
+                    finished = True
+                    return
+                yield _watch_batch(payload)
+        finally:
+            self._finish(rid, done=finished)
+            if not finished and not self._closed:  # the watcher stopped: so does the agent's inotify
                 with contextlib.suppress(Exception):
                     await self._kill(rid)
 
@@ -400,6 +468,70 @@ class GuestConnection:
             if frame[0].get("ev") == "error":
                 raise _agent_error(frame[0])
             raise GuestProtocolError(f"the agent in {self._label} answered a write before it ended")
+
+
+class GuestTerminal:
+    """A command running on a pseudo-terminal in the agent: its output frames, and input and resize calls."""
+
+    def __init__(self, conn: GuestConnection, rid: int, request: _Request) -> None:
+        self._conn = conn
+        self.target = rid
+        self._request = request
+        self.finished = False
+        self._closed = False
+
+    async def frames(self) -> AsyncGenerator[Frame]:
+        """``out`` frames (what the terminal shows) and finally the ``exit`` frame; the command's deadline applies."""
+        while not self.finished:
+            frame = await self._conn._next(self.target, self._request, None)
+            if frame[0].get("ev") == "exit":
+                self.finished = True
+                self._conn._finish(self.target, done=True)
+            yield frame
+
+    async def write(self, data: bytes) -> None:
+        """Type ``data`` into the terminal (in chunks the frame limit allows)."""
+        for start in range(0, max(len(data), 1), _WRITE_CHUNK):
+            await self._conn.call_with("pty_input", data[start : start + _WRITE_CHUNK], target=self.target)
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size (the command gets SIGWINCH)."""
+        await self._conn.call("pty_resize", target=self.target, rows=rows, cols=cols)
+
+    async def kill(self) -> None:
+        """Kill the command; :meth:`frames` still yields its exit."""
+        if not self.finished:
+            await self._conn._kill(self.target)
+
+    async def aclose(self) -> None:
+        """Kill the command unless it has ended; its last frames are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.finished:
+            self._conn._finish(self.target, done=False)
+            if not self._conn.closed:
+                with contextlib.suppress(Exception):
+                    await self._conn._kill(self.target)
+
+
+WatchBatch = tuple[list[tuple[str, str]], int]
+"""One frame of a watch: its ``(name, type)`` events, and how many events the agent dropped before them."""
+_WATCH_TYPES = frozenset({"create", "write", "remove", "rename", "chmod"})
+_MAX_WATCH_NAME = 4096
+
+
+def _watch_batch(payload: bytes) -> WatchBatch:
+    """Check a watch frame the agent sent (it is untrusted): a JSON object of events with known types."""
+    try:
+        raw = json.loads(payload)
+        events = [(str(name), str(kind)) for name, kind in raw["events"] if kind in _WATCH_TYPES]
+        dropped = int(raw.get("dropped", 0))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise GuestProtocolError(f"a watch frame that is not a batch of events: {exc}") from None
+    if any(len(name) > _MAX_WATCH_NAME for name, _ in events):
+        raise GuestProtocolError(f"a watch event whose name is longer than {_MAX_WATCH_NAME} characters (PATH_MAX)")
+    return events, max(0, dropped)
 
 
 def _agent_error(header: dict[str, Any]) -> Exception:

@@ -15,13 +15,21 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["BASE_PACKAGES", "build_base_image", "recipe_hash"]
+__all__ = ["BASE_PACKAGES", "USER_HOME", "USER_ID", "USER_NAME", "build_base_image", "recipe_hash"]
 
 SUITE = "bookworm"
 BASE_PACKAGES = (
     "bash", "coreutils", "git", "grep", "ripgrep", "findutils", "procps", "ca-certificates", "python3",
     "diffutils", "patch", "less", "sed", "tar", "gzip", "xz-utils", "file",
+    # What E2B's base template has, which E2B programs assume (the README's "The base image").
+    "python3-pip", "python3-venv", "python-is-python3", "nodejs", "npm", "curl", "build-essential", "jq", "unzip",
+    "sudo",
 )  # fmt: skip
+# E2B's default user: uid/gid 1000 with a home and passwordless sudo. Native workspaces still run as root in
+# /workspace (IMAGE_CHANGES); E2B sandboxes run as this user in its home.
+USER_NAME = "user"
+USER_ID = 1000
+USER_HOME = "/home/user"
 IMAGE_CHANGES = (
     "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "ENV LANG=C.UTF-8",
@@ -77,8 +85,19 @@ TMP_KEEP = "/tmp/.corral"  # noqa: S108 - a directory inside the image, not a te
 
 def recipe_hash() -> str:
     """A short hash of everything that decides the image's content."""
-    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, SHIM_SOURCE, SHIM_PATH, TMP_KEEP])
+    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, SHIM_SOURCE, SHIM_PATH, TMP_KEEP, _user_hooks()])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def _user_hooks() -> list[str]:
+    """mmdebstrap customize hooks that add E2B's ``user`` with a home and passwordless sudo."""
+    sudoers = f"/etc/sudoers.d/{USER_NAME}"
+    return [
+        f'chroot "$1" groupadd --gid {USER_ID} {USER_NAME}',
+        f'chroot "$1" useradd --uid {USER_ID} --gid {USER_ID} --create-home --home-dir {USER_HOME} '
+        f"--shell /bin/bash {USER_NAME}",
+        f'echo "{USER_NAME} ALL=(ALL:ALL) NOPASSWD: ALL" > "$1{sudoers}" && chmod 0440 "$1{sudoers}"',
+    ]
 
 
 def _current_recipe(tag: str) -> str | None:
@@ -123,6 +142,7 @@ def build_base_image(
             # mmdebstrap's own /tmp cleanup is skipped below (it would remove the directory): done here instead.
             f'rm -rf "$1"/tmp/* && mkdir -p "$1{TMP_KEEP}" && echo "keeps /tmp on disk under gVisor" '
             f'> "$1{TMP_KEEP}/README"',
+            *_user_hooks(),
         ]
         _run(
             [

@@ -48,12 +48,17 @@ from corral.providers.base import (
     ByteStream,
     Capabilities,
     DeathWatcher,
+    DirEventStream,
+    DirWatcher,
     DiskUsageReporter,
     EventSource,
     ExecRequest,
     ExecResult,
     ExecStream,
     FileInfo,
+    PtyHost,
+    PtyRequest,
+    PtySession,
     ResourceLimits,
     SnapshotInfo,
     Snapshotter,
@@ -1003,6 +1008,27 @@ class WorkspaceRuntime:
                 await self._service._runtime_failed(workspace_id, provider, exc)
                 raise
 
+    async def open_pty(self, workspace_id: str, request: PtyRequest) -> PtySession:
+        """See :meth:`PtyHost.open_pty`; a provider without terminals raises InvalidRequestError naming it."""
+        provider = await self._service._provider_of(workspace_id)
+        if not isinstance(provider, PtyHost):
+            raise InvalidRequestError(
+                f"provider {provider.name!r} of workspace {workspace_id} cannot open terminals (capability pty)",
+                details={"capability": "pty", "provider": provider.name},
+            )
+        return await provider.open_pty(workspace_id, request)
+
+    async def watch_dir(self, workspace_id: str, path: str, *, recursive: bool = False) -> DirEventStream:
+        """See :meth:`DirWatcher.watch_dir`; a provider without watches raises InvalidRequestError naming it."""
+        provider = await self._service._provider_of(workspace_id)
+        if not isinstance(provider, DirWatcher):
+            raise InvalidRequestError(
+                f"provider {provider.name!r} of workspace {workspace_id} cannot watch directories (capability "
+                "dir_watch)",
+                details={"capability": "dir_watch", "provider": provider.name},
+            )
+        return await provider.watch_dir(workspace_id, path, recursive=recursive)
+
     async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
         """See :meth:`WorkspaceProvider.read_file`."""
         return await self._service._guarded(workspace_id, lambda p: p.read_file(workspace_id, path, beneath=beneath))
@@ -1015,10 +1041,11 @@ class WorkspaceRuntime:
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
         """See :meth:`WorkspaceProvider.write_file`."""
         return await self._service._guarded(
-            workspace_id, lambda p: p.write_file(workspace_id, path, data, mode=mode, beneath=beneath)
+            workspace_id, lambda p: p.write_file(workspace_id, path, data, mode=mode, beneath=beneath, owner=owner)
         )
 
     async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:

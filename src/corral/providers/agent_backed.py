@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from corral.errors import (
     CorralError,
@@ -30,22 +30,34 @@ from corral.errors import (
     TooManyRequestsError,
     WorkspaceBrokenError,
 )
-from corral.guest.client import ANSWER_TIMEOUT_S, GuestConnection, GuestConnectionLost, GuestProtocolError
+from corral.guest.client import (
+    ANSWER_TIMEOUT_S,
+    GuestConnection,
+    GuestConnectionLost,
+    GuestProtocolError,
+    GuestTerminal,
+    WatchBatch,
+)
 from corral.providers.base import (
     WORKSPACE_ROOT,
     ByteStream,
+    DirEvent,
+    DirEventStream,
+    DirEventType,
     ExecExit,
     ExecOutput,
     ExecRequest,
     ExecResult,
     ExecStream,
     FileInfo,
+    PtyRequest,
     WorkspaceEvent,
     check_path,
+    check_user,
     collect_exec,
 )
 
-__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "ExecGate", "file_info_from_json"]
+__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "AgentPty", "ExecGate", "file_info_from_json"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -90,6 +102,9 @@ def file_info_from_json(raw: dict[str, Any]) -> FileInfo:
         mode=int(raw["mode"]) & 0o7777,
         mtime=float(raw["mtime"]),
         symlink_target=None if target is None else _text(target),
+        # Optional: an agent older than these fields (a workspace started before an upgrade) leaves them out.
+        owner=None if raw.get("owner") is None else _text(raw["owner"]),
+        group=None if raw.get("group") is None else _text(raw["group"]),
     )
 
 
@@ -311,7 +326,11 @@ class AgentBackedProvider:
     async def _exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         conn = await self._agent(workspace_id)
         frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
-            request.argv(), cwd=request.cwd, env=self._exec_env(workspace_id, request), timeout_s=request.timeout_s
+            request.argv(),
+            cwd=request.cwd,
+            env=self._exec_env(workspace_id, request),
+            timeout_s=request.timeout_s,
+            **self._user(conn, "user", request.user),
         )
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s + EXEC_GRACE_S
         try:
@@ -347,6 +366,36 @@ class AgentBackedProvider:
         finally:
             await frames.aclose()
 
+    # --- terminals --------------------------------------------------------------------------------------------------
+
+    async def open_pty(self, workspace_id: str, request: PtyRequest) -> AgentPty:
+        """Start a command on a new pseudo-terminal in the agent (see :class:`~corral.providers.base.PtyHost`).
+
+        A terminal does not take one of the workspace's exec slots: it lives as long as its user types into it.
+        """
+        request.validate()
+        conn = await self._agent(workspace_id)
+        if "pty" not in conn.features:
+            raise InvalidRequestError(
+                f"the agent of workspace {workspace_id} predates terminals; stop and resume the workspace to "
+                "upgrade it",
+                details={"capability": "pty"},
+            )
+        env = self._exec_env(workspace_id, ExecRequest(request.argv[0], env=request.env))
+        try:
+            terminal = await conn.open_pty(
+                list(request.argv),
+                cwd=request.cwd,
+                env=env,
+                rows=request.rows,
+                cols=request.cols,
+                timeout_s=request.timeout_s,
+                **self._user(conn, "user", request.user),
+            )
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
+        return AgentPty(self, workspace_id, terminal, request.timeout_s)
+
     # --- files ------------------------------------------------------------------------------------------------------
     #
     # With ``beneath`` the agent resolves every path one component at a time from a descriptor of that directory and
@@ -364,6 +413,18 @@ class AgentBackedProvider:
             )
         return {"beneath": check_path(beneath, field_name="beneath")}
 
+    def _user(self, conn: GuestConnection, field_name: str, user: str | None) -> dict[str, str]:
+        """The request field that names a workspace user, once the agent is known to honour it."""
+        if user is None:
+            return {}
+        check_user(user, field_name=field_name)
+        if "user" not in conn.features:
+            # An agent that predates it would ignore the field and run as root.
+            raise ProviderUnavailableError(
+                self.name, "the workspace agent is too old to act as a user; stop and resume the workspace"
+            )
+        return {field_name: user}
+
     async def read_file(self, workspace_id: str, path: str, *, beneath: str | None = None) -> ByteStream:
         """Open for streaming; missing files raise WorkspaceFileNotFoundError before the first chunk."""
         path = check_path(path)
@@ -373,6 +434,38 @@ class AgentBackedProvider:
         except GuestConnectionLost as exc:
             raise await self._lost(workspace_id, exc) from None
 
+    async def watch_dir(self, workspace_id: str, path: str, *, recursive: bool = False) -> DirEventStream:
+        """Watch a directory with the agent's inotify (see :class:`~corral.providers.base.DirWatcher`).
+
+        A watch holds no exec slot; its events are flow-controlled like a read, so an unread watch costs the host at
+        most one window of data (the agent drops the oldest events beyond its own cap and counts them).
+        """
+        path = check_path(path)
+        conn = await self._agent(workspace_id)
+        if "watch" not in conn.features:
+            raise InvalidRequestError(
+                f"the agent of workspace {workspace_id} predates directory watches; stop and resume the workspace to "
+                "upgrade it",
+                details={"capability": "dir_watch"},
+            )
+        try:
+            batches = await conn.open_watch(path, recursive=recursive)
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
+        return self._dir_events(workspace_id, batches)
+
+    async def _dir_events(self, workspace_id: str, batches: AsyncGenerator[WatchBatch]) -> DirEventStream:
+        try:
+            async for events, dropped in batches:
+                if dropped:
+                    log.warning("watch in workspace %s fell behind: %d events dropped", workspace_id, dropped)
+                for index, (name, kind) in enumerate(events):
+                    yield DirEvent(name, cast("DirEventType", kind), dropped if index == 0 else 0)
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
+        finally:
+            await batches.aclose()
+
     async def write_file(
         self,
         workspace_id: str,
@@ -381,12 +474,15 @@ class AgentBackedProvider:
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
-        """Stream into the file, creating parents."""
+        """Stream into the file, creating parents; with ``owner`` the file then belongs to that user."""
         path = check_path(path)
         conn = await self._agent(workspace_id)
         try:
-            return await conn.write(path, data, mode=mode, **self._beneath(conn, beneath))
+            return await conn.write(
+                path, data, mode=mode, **self._beneath(conn, beneath), **self._user(conn, "owner", owner)
+            )
         except GuestConnectionLost as exc:
             raise await self._lost(workspace_id, exc) from None
 
@@ -466,3 +562,56 @@ class AgentBackedProvider:
             beneath=WORKSPACE_ROOT,
             timeout=WALK_TIMEOUT_S,
         )
+
+
+class AgentPty:
+    """A command on a pseudo-terminal in a workspace's agent (a :class:`~corral.providers.base.PtySession`)."""
+
+    def __init__(
+        self, provider: AgentBackedProvider, workspace_id: str, terminal: GuestTerminal, timeout_s: float | None
+    ) -> None:
+        self._provider = provider
+        self._workspace_id = workspace_id
+        self._terminal = terminal
+        self._timeout_s = timeout_s
+
+    async def events(self) -> ExecStream:
+        """What the terminal shows, then the exit; closing this early kills the command."""
+        try:
+            async for header, payload in self._terminal.frames():
+                if header.get("ev") == "out":
+                    yield ExecOutput("stdout", payload)
+                elif header.get("ev") == "exit":
+                    if header.get("timed_out"):
+                        raise ExecTimeoutError(
+                            f"terminal command did not finish within {self._timeout_s:g} s; it was killed",
+                            duration_ms=_duration(header),
+                        )
+                    try:
+                        status = _exit_status(header)
+                    except GuestProtocolError as exc:
+                        raise await self._provider._lost(self._workspace_id, exc) from None
+                    yield ExecExit(*status)
+        except GuestConnectionLost as exc:
+            raise await self._provider._lost(self._workspace_id, exc) from None
+        finally:
+            await self._terminal.aclose()
+
+    async def write(self, data: bytes) -> None:
+        """Type ``data`` into the terminal."""
+        await self._call(self._terminal.write(data))
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size."""
+        PtyRequest(rows=rows, cols=cols).validate()
+        await self._call(self._terminal.resize(rows, cols))
+
+    async def kill(self) -> None:
+        """Kill the command's process group; :meth:`events` then ends with its exit."""
+        await self._call(self._terminal.kill())
+
+    async def _call(self, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except GuestConnectionLost as exc:
+            raise await self._provider._lost(self._workspace_id, exc) from None

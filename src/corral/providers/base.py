@@ -52,6 +52,10 @@ __all__ = [
     "ByteStream",
     "Capabilities",
     "DeathWatcher",
+    "DirEvent",
+    "DirEventStream",
+    "DirEventType",
+    "DirWatcher",
     "DiskUsageReporter",
     "EventSource",
     "ExecExit",
@@ -64,7 +68,12 @@ __all__ = [
     "Health",
     "NetworkMode",
     "Persistence",
+    "PtyHost",
+    "PtyRequest",
+    "PtySession",
     "ResourceLimits",
+    "ResourceUsage",
+    "ResourceUsageReporter",
     "Retention",
     "SnapshotInfo",
     "Snapshotter",
@@ -75,6 +84,7 @@ __all__ = [
     "WorkspaceState",
     "check_beneath",
     "check_path",
+    "check_user",
     "collect_exec",
     "escape_error",
     "lies_beneath",
@@ -136,6 +146,9 @@ class ExecRequest:
     env: Mapping[str, str] = field(default_factory=dict)
     timeout_s: float | None = None
     """Deadline for the whole command; ``None`` means the provider's default (no deadline for streams)."""
+    user: str | None = None
+    """The workspace user (a name in its /etc/passwd) to run as, with that user's HOME, USER and LOGNAME;
+    ``None``: the workspace's default (root)."""
 
     def argv(self) -> list[str]:
         """The process arguments this request stands for, in either :class:`ExecMode`."""
@@ -158,6 +171,17 @@ class ExecRequest:
             raise InvalidRequestError(
                 f"timeout_s: must be between 0 and 86400 seconds, got {self.timeout_s}", details={"field": "timeout_s"}
             )
+        check_user(self.user)
+
+
+def check_user(user: str | None, *, field_name: str = "user") -> None:
+    """Reject a user name that cannot be an /etc/passwd entry (empty, or with ``:``, a newline or a NUL)."""
+    if user is not None and (not user or any(c in user for c in ":\n\x00") or len(user) > 256):
+        raise InvalidRequestError(
+            f"{field_name}: must be a user name of the workspace (1-256 characters, no ':', newline or NUL), "
+            f"got {user!r}",
+            details={"field": field_name},
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +256,10 @@ class FileInfo:
     mode: int
     mtime: float
     symlink_target: str | None = None
+    owner: str | None = None
+    """The owning user's name in the sandbox (its uid in digits when it has no name); None when not known."""
+    group: str | None = None
+    """The owning group's name in the sandbox (its gid in digits when it has no name); None when not known."""
 
 
 def check_path(path: str, *, field_name: str = "path") -> str:
@@ -321,6 +349,10 @@ class Capabilities:
     """Current availability, e.g. ``{"cpu_count": 2, "memory_bytes": ..., "disk_free_bytes": ...}``."""
     pause: Retention = "none"
     """What pause keeps: "memory" (processes, memory, open files), "filesystem" (a stop keeping the disk), "none"."""
+    pty: bool = False
+    """Commands on a pseudo-terminal (:class:`PtyHost`): interactive shells, with input and resize."""
+    dir_watch: bool = False
+    """Directory watches (:class:`DirWatcher`): create, write, remove, rename and chmod events as they happen."""
 
 
 # --- the contract -------------------------------------------------------------------------------------------------
@@ -364,8 +396,12 @@ class WorkspaceCalls(Protocol):
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
-        """Write a file, creating missing parent directories; return the number of bytes written."""
+        """Write a file, creating missing parent directories; return the number of bytes written.
+
+        ``owner``: a workspace user (a name in its /etc/passwd) that the file then belongs to, with that user's
+        primary group; ``None``: the runtime's default (root)."""
 
     async def list_dir(self, workspace_id: str, path: str, *, beneath: str | None = None) -> list[FileInfo]:
         """The entries of a directory, sorted by name."""
@@ -452,6 +488,31 @@ class DiskUsageReporter(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceUsage:
+    """CPU and memory of one running workspace at one moment, as its runtime counts them."""
+
+    cpu_ns: int
+    """CPU time used since the workspace started, in nanoseconds (a counter: the rate comes from two readings)."""
+    mem_used: int
+    """Bytes of memory in use, page cache that could be dropped excluded (what ``docker stats`` shows)."""
+    mem_cache: int
+    """Bytes of page cache."""
+    mem_limit: int
+    """The runtime's memory limit in bytes; 0 when it has none."""
+    layer_bytes: int = 0
+    """Bytes written to the root filesystem outside /workspace (a container's writable layer: the home directory,
+    installed packages); 0 where the runtime does not count them."""
+
+
+@runtime_checkable
+class ResourceUsageReporter(Protocol):
+    """Optional sub-interface of providers that can read a running workspace's CPU and memory counters."""
+
+    async def resource_usage(self, workspace_id: str) -> ResourceUsage:
+        """One reading now; a workspace that is not running raises :class:`~corral.errors.WorkspaceStateError`."""
+
+
+@dataclass(frozen=True, slots=True)
 class SnapshotInfo:
     """What a provider stored for one snapshot."""
 
@@ -486,6 +547,94 @@ class Snapshotter(Protocol):
 
     async def list_snapshots(self) -> list[str]:
         """Ids of every snapshot this provider holds host objects for (reconciliation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PtyRequest:
+    """A command to run on a new pseudo-terminal (its stdin, stdout, stderr and controlling terminal)."""
+
+    argv: tuple[str, ...] = ("/bin/bash", "-i", "-l")
+    cwd: str = WORKSPACE_ROOT
+    env: Mapping[str, str] = field(default_factory=dict)
+    """On top of the workspace's; ``TERM`` is ``xterm-256color`` unless given."""
+    rows: int = 24
+    cols: int = 80
+    timeout_s: float | None = None
+    """Deadline for the whole command; ``None``: none."""
+    user: str | None = None
+    """The workspace user to run as (see :attr:`ExecRequest.user`)."""
+
+    def validate(self) -> None:
+        """Reject requests no runtime could run, with a message naming the field."""
+        ExecRequest(self.argv[0] if self.argv else "", self.argv[1:], ExecMode.ARGV, self.cwd, self.env).validate()
+        check_user(self.user)
+        for name, value in (("rows", self.rows), ("cols", self.cols)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+                message = f"{name}: must be between 1 and 65535, got {value!r}"
+                raise InvalidRequestError(message, details={"field": name})
+        if self.timeout_s is not None and not (0 < self.timeout_s <= 24 * 3600):
+            raise InvalidRequestError(
+                f"timeout_s: must be between 0 and 86400 seconds, got {self.timeout_s}", details={"field": "timeout_s"}
+            )
+
+
+class PtySession(Protocol):
+    """A command running on a pseudo-terminal, as :meth:`PtyHost.open_pty` returns it."""
+
+    def events(self) -> ExecStream:
+        """What the terminal shows (``ExecOutput`` on "stdout"), then one :class:`ExecExit`; call it once.
+
+        Closing it before the exit kills the command."""
+
+    async def write(self, data: bytes) -> None:
+        """Type ``data`` into the terminal."""
+
+    async def resize(self, rows: int, cols: int) -> None:
+        """Change the terminal's size; the command gets SIGWINCH."""
+
+    async def kill(self) -> None:
+        """Kill the command's process group; :meth:`events` ends (with the exit, when still read)."""
+
+
+@runtime_checkable
+class PtyHost(Protocol):
+    """Optional sub-interface of providers that run commands on pseudo-terminals (``Capabilities.pty``)."""
+
+    async def open_pty(self, workspace_id: str, request: PtyRequest) -> PtySession:
+        """Start ``request`` on a new terminal and return its session; raises what ``exec`` raises, and
+        InvalidRequestError when this workspace cannot open terminals."""
+
+
+DirEventType = Literal["create", "write", "remove", "rename", "chmod"]
+
+
+@dataclass(frozen=True, slots=True)
+class DirEvent:
+    """One change below a watched directory."""
+
+    name: str
+    """The changed entry's path relative to the watched directory (``.`` for the directory itself)."""
+    type: DirEventType
+    dropped: int = 0
+    """Events lost just before this one because the watcher fell behind (the workspace changed faster than it was
+    read); nonzero means the watcher's picture is incomplete."""
+
+
+DirEventStream: TypeAlias = AsyncGenerator[DirEvent, None]
+
+
+@runtime_checkable
+class DirWatcher(Protocol):
+    """Optional sub-interface of providers that watch directories inside workspaces (``Capabilities.dir_watch``)."""
+
+    async def watch_dir(self, workspace_id: str, path: str, *, recursive: bool = False) -> DirEventStream:
+        """Start watching the directory ``path`` and return its events; closing the stream stops the watch.
+
+        Raises WorkspaceFileNotFoundError when ``path`` does not exist, FileOperationError (kind
+        ``not_a_directory``) when it is no directory, and InvalidRequestError when this workspace cannot watch.
+        Events name entries relative to ``path``; ``recursive`` includes directories created later. A watcher that
+        reads too slowly loses the oldest events (counted in :attr:`DirEvent.dropped`), never the host's memory.
+        """
 
 
 @dataclass(frozen=True, slots=True)

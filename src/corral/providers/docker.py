@@ -44,6 +44,7 @@ from corral.errors import (
 )
 from corral.guest.agent import SPAWNER_SOCKET
 from corral.guest.client import GuestConnection, GuestConnectionLost
+from corral.providers._container_stats import NotRunning, usage_from_stats
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
 from corral.providers._host_copy import copy_tree, link_tree, tree_size
 from corral.providers.agent_backed import AgentBackedProvider
@@ -60,6 +61,7 @@ from corral.providers.base import (
     Health,
     NetworkMode,
     ResourceLimits,
+    ResourceUsage,
     SnapshotInfo,
     WorkspaceEvent,
     WorkspaceSpec,
@@ -508,6 +510,18 @@ class DockerProvider(AgentBackedProvider):
         kind: Literal["memory", "filesystem"] = "memory" if self.memory_checkpoints else "filesystem"
         return SnapshotInfo(kind, await self._snapshot_size(snapshot_id, spec.image))
 
+    async def resource_usage(self, workspace_id: str) -> ResourceUsage:
+        """CPU time and memory now, from the engine's one-shot stats (the cgroup's counters, as ``docker stats``), and
+        the size of the container's writable layer."""
+        name = container_name(workspace_id)
+        try:
+            stats, layer = await asyncio.gather(self.engine.container_stats(name), self.engine.container_size(name))
+            return dataclasses.replace(usage_from_stats(stats), layer_bytes=layer)
+        except DockerAPIError as exc:
+            raise self._translate(exc, workspace_id) from exc
+        except NotRunning as exc:
+            raise WorkspaceStateError(f"workspace {workspace_id}: {exc}", details={"id": workspace_id}) from exc
+
     async def snapshot_estimate(self, workspace_id: str) -> int:
         """What a snapshot would hold, measured before it is taken: the writable layer as ``docker commit`` writes it
         (sparse files in full), the volume's allocated bytes, and under gVisor the memory the workspace uses now."""
@@ -791,6 +805,8 @@ class DockerProvider(AgentBackedProvider):
             persistence="full",
             snapshots="memory" if self.memory_checkpoints else "filesystem",
             pause="memory" if self.memory_checkpoints else "filesystem",
+            pty=True,
+            dir_watch=True,
             warm_pool=True,
             streaming=True,
             # The local volume driver has no size option on ext4/overlay2, so the disk limit is watched, not enforced.

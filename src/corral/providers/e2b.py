@@ -87,6 +87,7 @@ from corral.providers.base import (
     WorkspaceState,
     check_beneath,
     check_path,
+    check_user,
     collect_exec,
     escape_error,
     lies_beneath,
@@ -153,6 +154,8 @@ for rel in matches:
         break
 print(json.dumps({"paths": sorted(paths)[:limit]}))
 """
+DEFAULT_USER = "root"
+"""Who a call acts as when it names no user: root, as on every other provider (E2B's own default is ``user``)."""
 _PREPARE_SCRIPT = "mkdir -p /workspace && { id -u user >/dev/null 2>&1 && chown user:user /workspace || true; }"
 
 
@@ -413,7 +416,10 @@ class E2BProvider:
             "AsyncGenerator[process_pb.StartResponse, None]",
             rpc.start(
                 process_pb.StartRequest(process=config, stdin=False),
-                headers={**_user_header(user), KEEPALIVE_PING_HEADER: str(KEEPALIVE_PING_INTERVAL_SEC)},
+                headers={
+                    **_user_header(user or request.user or DEFAULT_USER),
+                    KEEPALIVE_PING_HEADER: str(KEEPALIVE_PING_INTERVAL_SEC),
+                },
                 timeout_ms=None if timeout_s is None else int((timeout_s + STREAM_GRACE_S) * 1000),
             ),
         )
@@ -490,7 +496,7 @@ class E2BProvider:
         if beneath is not None:
             path = await check_beneath(self, workspace_id, path, beneath)  # best effort: the module docstring
         sandbox = await self._running(workspace_id)
-        reader = await self._file_call(workspace_id, sandbox.files.read(path, format="stream"))
+        reader = await self._file_call(workspace_id, sandbox.files.read(path, format="stream", user=DEFAULT_USER))
         return self._chunks(workspace_id, reader)
 
     async def _chunks(self, workspace_id: str, reader: Any) -> ByteStream:
@@ -510,9 +516,12 @@ class E2BProvider:
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
-        """Upload (octet-stream, streamed for iterables), creating parents; then set ``mode`` if given."""
+        """Upload (octet-stream, streamed for iterables), creating parents, as ``owner`` (envd's user; the
+        sandbox's default without it); then set ``mode`` if given."""
         path = check_path(path)
+        check_user(owner, field_name="owner")
         if beneath is not None:
             path = await check_beneath(self, workspace_id, path, beneath)  # best effort: the module docstring
         sandbox = await self._running(workspace_id)
@@ -530,7 +539,8 @@ class E2BProvider:
             written = len(data)
         else:
             payload = counted(data)
-        await self._file_call(workspace_id, sandbox.files.write(path, payload, use_octet_stream=True))
+        write = sandbox.files.write(path, payload, user=owner or DEFAULT_USER, use_octet_stream=True)
+        await self._file_call(workspace_id, write)
         if mode is not None:
             await self.chmod(workspace_id, path, mode)
         return written
@@ -542,7 +552,7 @@ class E2BProvider:
         if beneath is not None:  # best effort: see the module docstring
             target = await check_beneath(self, workspace_id, path, beneath)  # envd lists no symlink: list its target
         sandbox = await self._running(workspace_id)
-        entries = await self._file_call(workspace_id, sandbox.files.list(target, depth=1))
+        entries = await self._file_call(workspace_id, sandbox.files.list(target, depth=1, user=DEFAULT_USER))
         infos = (_file_info(e) for e in entries)
         if target != path:
             infos = (replace(i, path=posixpath.join(path, i.name)) for i in infos)
@@ -554,7 +564,7 @@ class E2BProvider:
         if beneath is not None:
             path = await check_beneath(self, workspace_id, path, beneath, follow=False)  # best effort
         sandbox = await self._running(workspace_id)
-        info = _file_info(await self._file_call(workspace_id, sandbox.files.get_info(path)))
+        info = _file_info(await self._file_call(workspace_id, sandbox.files.get_info(path, user=DEFAULT_USER)))
         return info if path == requested else replace(info, path=requested)
 
     async def delete(
@@ -568,7 +578,7 @@ class E2BProvider:
         if info.type == "dir" and not recursive and await self.list_dir(workspace_id, path):
             raise FileOperationError(f"{path}: directory not empty", details={"kind": "not_empty"})
         sandbox = await self._running(workspace_id)
-        await self._file_call(workspace_id, sandbox.files.remove(path))
+        await self._file_call(workspace_id, sandbox.files.remove(path, user=DEFAULT_USER))
 
     async def move(self, workspace_id: str, src: str, dst: str, *, beneath: str | None = None) -> None:
         """Rename, creating the destination's parents."""
@@ -579,8 +589,8 @@ class E2BProvider:
         sandbox = await self._running(workspace_id)
         parent = posixpath.dirname(dst)
         if parent and parent != "/":
-            await self._file_call(workspace_id, sandbox.files.make_dir(parent))
-        await self._file_call(workspace_id, sandbox.files.rename(src, dst))
+            await self._file_call(workspace_id, sandbox.files.make_dir(parent, user=DEFAULT_USER))
+        await self._file_call(workspace_id, sandbox.files.rename(src, dst, user=DEFAULT_USER))
 
     async def chmod(self, workspace_id: str, path: str, mode: int, *, beneath: str | None = None) -> None:
         """Set permission bits (runs ``chmod``)."""
@@ -719,6 +729,8 @@ def _file_info(entry: EntryInfo) -> FileInfo:
     kind: Literal["file", "dir", "symlink", "other"] = "other"
     if entry.type is not None and entry.type.value in ("file", "dir", "symlink"):
         kind = entry.type.value
+    if entry.symlink_target is not None:  # envd reports a symlink with its target's type and symlink_target set
+        kind = "symlink"
     return FileInfo(
         path=entry.path,
         name=entry.name,
@@ -727,6 +739,8 @@ def _file_info(entry: EntryInfo) -> FileInfo:
         mode=entry.mode & 0o7777,
         mtime=entry.modified_time.timestamp(),
         symlink_target=entry.symlink_target,
+        owner=entry.owner or None,
+        group=entry.group or None,
     )
 
 

@@ -236,6 +236,7 @@ class HttpProvider:
     async def exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
         """POST the argv and yield the NDJSON lines as they arrive; closing early closes the connection."""
         request.validate()
+        _refuse_user(request.user, "user")
         body = {"argv": request.argv(), "cwd": request.cwd, "env": dict(request.env), "timeout_s": request.timeout_s}
         # The backend enforces the deadline; the read timeout only guards against a backend that went silent.
         read_timeout = None if request.timeout_s is None else request.timeout_s + 30.0
@@ -301,8 +302,10 @@ class HttpProvider:
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
         """PUT the content as a streamed body; return the byte count the backend wrote."""
+        _refuse_user(owner, "owner")
         params = {"path": path} if mode is None else {"path": path, "mode": f"{mode:04o}"}
         params.update(await self._beneath(workspace_id, path, beneath))
         payload = await self._json("PUT", f"{self._ws(workspace_id)}/files", params=params, content=data)
@@ -454,3 +457,13 @@ def _persistence(value: object) -> Persistence:
     if value == "full":
         return "full"
     return "workspace" if value in (True, "workspace") else "none"
+
+
+def _refuse_user(user: str | None, field_name: str) -> None:
+    """The backend protocol has no user: refuse rather than run as the backend's default."""
+    if user is not None:
+        raise InvalidRequestError(
+            f"{field_name}: the http provider's backend protocol cannot act as a workspace user ({user!r}); "
+            "leave it unset to use the backend's default user",
+            details={"field": field_name},
+        )

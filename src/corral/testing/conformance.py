@@ -69,6 +69,7 @@ from corral.errors import (
 from corral.providers.base import (
     WORKSPACE_ROOT,
     Capabilities,
+    DirWatcher,
     ExecExit,
     ExecMode,
     ExecOutput,
@@ -901,6 +902,35 @@ class ProviderConformance:
         await provider.write_file(workspace, "/workspace/rp/sub/f.txt", b"")
         assert await provider.realpath(workspace, "/workspace/rp/./sub/../sub/f.txt") == "/workspace/rp/sub/f.txt"
         assert await provider.realpath(workspace, "/workspace/rp/missing.txt") == "/workspace/rp/missing.txt"
+
+    async def test_dir_watch_reports_changes_by_relative_name(
+        self, provider: WorkspaceProvider, workspace: str, capabilities: Capabilities
+    ) -> None:
+        """With capability dir_watch, a recursive watch reports a file, a new directory and a file inside it by their
+        names relative to the watched directory; a missing directory raises WorkspaceFileNotFoundError."""
+        _require(capabilities, "dir_watch", provider)
+        assert isinstance(provider, DirWatcher), "capabilities().dir_watch is True but the provider has no watch_dir"
+        with pytest.raises(WorkspaceFileNotFoundError):
+            await provider.watch_dir(workspace, "/workspace/no-such-dir")
+        await provider.write_file(workspace, "/workspace/watched/.keep", b"")
+        events = await provider.watch_dir(workspace, "/workspace/watched", recursive=True)
+        seen: list[tuple[str, str]] = []
+        try:
+            await provider.exec(
+                workspace, ExecRequest("cd /workspace/watched && echo x > f.txt && mkdir d && echo y > d/g.txt")
+            )
+
+            async def until_nested() -> None:
+                async for event in events:
+                    seen.append((event.name, event.type))
+                    if (event.name, event.type) == ("d/g.txt", "create"):
+                        return
+
+            await asyncio.wait_for(until_nested(), 30)
+        finally:
+            await events.aclose()
+        assert ("f.txt", "create") in seen
+        assert ("d", "create") in seen
 
     # -- confinement: beneath ---------------------------------------------------------------------------------------
 

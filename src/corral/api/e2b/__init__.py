@@ -14,8 +14,9 @@ Point the SDK at a Corral server and it works as with E2B's cloud::
 
 Everything goes through :class:`~corral.orchestrator.service.WorkspaceService` and the configured providers: a sandbox
 is a workspace, on whatever provider Corral's auto selection picks. Include the routers in ``create_app`` with
-:func:`mount_e2b` (or ``for router in e2b_routers(): app.include_router(router)``); do not put Corral's bearer-token
-dependency on them, they authenticate the way the E2B SDK does.
+:func:`mount_e2b`, which also makes the app answer every error under ``/e2b`` (and ``/files``) in E2B's shapes (see
+:mod:`~corral.api.e2b._errors`); do not put Corral's bearer-token dependency on the routers, they authenticate the
+way the E2B SDK does.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
+from corral.api.e2b._errors import install_error_handlers
+from corral.api.e2b._metrics import metrics_router
 from corral.api.e2b._state import E2BState
 from corral.api.e2b.control import control_router
 from corral.api.e2b.envd import envd_router, signed_files_router
@@ -49,11 +52,14 @@ def e2b_routers() -> list[APIRouter]:
     ``/files`` at the root for the signed URLs of ``download_url``/``upload_url`` (the SDK builds them there)."""
     router = APIRouter(prefix="/e2b", lifespan=_lifespan)
     router.include_router(envd_router(), prefix="/envd")
+    router.include_router(metrics_router())  # first: /sandboxes/metrics is no /sandboxes/{sandbox_id}
     router.include_router(control_router())
     return [router, signed_files_router()]
 
 
 def mount_e2b(app: FastAPI) -> None:
-    """Serve the E2B-compatible API on ``app`` (call it in ``create_app``, after the app is built)."""
+    """Serve the E2B-compatible API on ``app`` (call it in ``create_app``, after the app is built and its error
+    handlers are installed: requests under ``/e2b`` then get their errors in E2B's shapes)."""
     for router in e2b_routers():
         app.include_router(router)
+    install_error_handlers(app)

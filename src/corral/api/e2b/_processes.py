@@ -19,6 +19,10 @@ is closed early. envd offers more, and this module builds it from that primitive
   a small ``sh`` script that feeds it through a FIFO from numbered chunk files in ``/tmp/.corral-e2b-stdin/<token>``:
   ``SendInput`` writes the next chunk (write, then rename, so the reader never sees half a chunk) and
   ``CloseStdin`` writes an ``eof`` marker, after which the command reads end-of-file. The reader polls every 20 ms.
+* **PTYs.** ``Start`` with ``pty`` opens the command on a pseudo-terminal through the provider's
+  :class:`~corral.providers.base.PtyHost` (the guest agent's ``pty``): its output is sent as ``data.pty``, ``SendInput``
+  types into the terminal, ``Update`` resizes it, and ``SendSignal`` SIGKILL kills it; listeners, pids and
+  ``Connect`` work as for any command.
 * **deadlines.** ``Connect-Timeout-Ms`` on ``Start`` becomes the exec deadline, so the provider kills the command
   when the client's ``timeout`` passes, and the stream ends with ``deadline_exceeded``.
 """
@@ -38,7 +42,15 @@ from typing import Any
 
 from corral.api.e2b._connect import ConnectCode, ConnectError, b64encode
 from corral.errors import CorralError, ExecTimeoutError
-from corral.providers.base import ExecMode, ExecOutput, ExecRequest, WorkspaceCalls
+from corral.providers.base import (
+    ExecMode,
+    ExecOutput,
+    ExecRequest,
+    ExecStream,
+    PtyRequest,
+    PtySession,
+    WorkspaceCalls,
+)
 
 __all__ = ["MARKER_ENV", "ProcessRegistry", "Subscriber", "TrackedProcess"]
 
@@ -144,6 +156,8 @@ class TrackedProcess:
     stdin_seq: int = 0
     stdin_closed: bool = False
     stdin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    terminal: PtySession | None = None
+    """The command's pseudo-terminal, for one started with ``pty``."""
 
     def subscribe(self) -> Subscriber:
         """A new listener for the events from now on."""
@@ -242,6 +256,7 @@ class ProcessRegistry:
         tag: str | None,
         stdin: bool,
         deadline_s: float | None,
+        user: str | None = None,
     ) -> tuple[TrackedProcess, Subscriber]:
         """Start a command and return it with a listener subscribed before its first output.
 
@@ -270,20 +285,99 @@ class ProcessRegistry:
             cwd=workdir,
             env={**base_env, **envs, MARKER_ENV: token},
             timeout_s=None if deadline_s is None else min(deadline_s, 24 * 3600),
+            user=user,
         )
         request.validate()
         subscriber = process.subscribe()
         self._processes[(sandbox_id, process.pid)] = process
-        process.task = asyncio.create_task(self._pump(process, provider, request), name=f"e2b-process-{process.pid}")
+        process.task = asyncio.create_task(self._run(process, provider, request), name=f"e2b-process-{process.pid}")
         return process, subscriber
 
-    async def _pump(self, process: TrackedProcess, provider: WorkspaceCalls, request: ExecRequest) -> None:
-        stream = provider.exec_stream(process.sandbox_id, request)
+    async def start_pty(
+        self,
+        sandbox_id: str,
+        provider: WorkspaceCalls,
+        *,
+        cmd: str,
+        args: list[str],
+        envs: dict[str, str],
+        base_env: Mapping[str, str],
+        cwd: str | None,
+        workdir: str,
+        tag: str | None,
+        rows: int,
+        cols: int,
+        deadline_s: float | None,
+        user: str | None = None,
+    ) -> tuple[TrackedProcess, Subscriber]:
+        """Start a command on a pseudo-terminal of ``rows`` x ``cols`` and return it with a listener.
+
+        Raises:
+            InvalidRequestError: the command cannot be run, or the sandbox's provider has no terminals.
+        """
+        open_pty = getattr(provider, "open_pty", None)
+        if open_pty is None:
+            raise ConnectError(ConnectCode.UNIMPLEMENTED, "this sandbox's provider cannot open PTYs")
+        token = secrets.token_hex(8)
+        request = PtyRequest(
+            argv=(cmd, *args),
+            cwd=workdir,
+            env={**base_env, **envs, MARKER_ENV: token},
+            rows=rows,
+            cols=cols,
+            timeout_s=None if deadline_s is None else min(deadline_s, 24 * 3600),
+            user=user,
+        )
+        request.validate()
+        terminal: PtySession = await open_pty(sandbox_id, request)
+        process = TrackedProcess(
+            pid=next(self._pids),
+            sandbox_id=sandbox_id,
+            cmd=cmd,
+            args=list(args),
+            envs=dict(envs),
+            cwd=cwd,
+            tag=tag,
+            token=token,
+            stdin_dir=None,
+            terminal=terminal,
+        )
+        subscriber = process.subscribe()
+        self._processes[(sandbox_id, process.pid)] = process
+        process.task = asyncio.create_task(self._pump(process, terminal.events()), name=f"e2b-pty-{process.pid}")
+        return process, subscriber
+
+    async def resize(self, process: TrackedProcess, rows: int, cols: int) -> None:
+        """Change a PTY's size.
+
+        Raises:
+            ConnectError: ``failed_precondition`` when the command has no PTY.
+        """
+        if process.terminal is None:
+            raise ConnectError(ConnectCode.FAILED_PRECONDITION, f"process {process.pid} was started without a PTY")
+        await process.terminal.resize(rows, cols)
+
+    async def _run(self, process: TrackedProcess, provider: WorkspaceCalls, request: ExecRequest) -> None:
+        if process.stdin_dir is not None and request.user not in (None, "root"):
+            # The command's own user makes its FIFO in the stdin directory, which root (this server's file writes)
+            # may already have created for early input: make it, or take it over, for that user first.
+            owned = ExecRequest(
+                command="/bin/sh",
+                args=("-c", 'mkdir -p "$1" && chown "$2:" "$1"', "sh", process.stdin_dir, str(request.user)),
+                mode=ExecMode.ARGV,
+                timeout_s=30,
+            )
+            with contextlib.suppress(CorralError):  # the wrapper then fails with 125, which the client hears
+                await provider.exec(process.sandbox_id, owned)
+        await self._pump(process, provider.exec_stream(process.sandbox_id, request))
+
+    async def _pump(self, process: TrackedProcess, stream: ExecStream) -> None:
         final: Event | ConnectError = ConnectError(ConnectCode.INTERNAL, "the command ended without an exit status")
+        key = "pty" if process.terminal is not None else None
         try:
             async for event in stream:
                 if isinstance(event, ExecOutput):
-                    await process.broadcast({"data": {event.stream: b64encode(event.data)}})
+                    await process.broadcast({"data": {key or event.stream: b64encode(event.data)}})
                 else:
                     final = end_event(event.exit_code, process.signal)
                     break
@@ -329,6 +423,9 @@ class ProcessRegistry:
         Raises:
             ConnectError: ``failed_precondition`` when the command was started without stdin, or stdin is closed.
         """
+        if process.terminal is not None:
+            await process.terminal.write(data)
+            return
         directory = self._stdin_dir(process)
         async with process.stdin_lock:
             seq = process.stdin_seq

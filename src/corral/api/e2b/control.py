@@ -2,7 +2,9 @@
 fork, and snapshots.
 
 Authentication is E2B's: ``X-API-KEY: <CORRAL_API_TOKEN>`` (``Authorization: Bearer`` works too). Errors have E2B's
-shape, ``{"code": <http status>, "message": ...}``, which the SDK turns into its own exceptions.
+shape, ``{"code": <http status>, "message": ...}``, with E2B's statuses and, where E2B's handlers word them, E2B's
+messages, which the SDK turns into its own exceptions (see :mod:`corral.api.e2b._errors` for the errors no handler
+answers: unknown routes, validation, oversized bodies).
 
 How E2B concepts map onto Corral:
 
@@ -11,9 +13,13 @@ How E2B concepts map onto Corral:
   (nothing is ever pulled).
 * ``allow_internet_access: false`` (or ``network.denyOut`` holding ``0.0.0.0/0``) gives an ``isolated`` workspace;
   otherwise the workspace has the ``default`` network, as E2B sandboxes have internet access unless told otherwise.
-* ``timeout`` is enforced: a sweeper kills the sandbox when it passes (or pauses it, with ``autoPause``), and
-  ``set_timeout``, ``connect`` and ``resume`` move the deadline. ``metadata`` and ``envVars`` are kept with the
-  workspace (see :mod:`corral.api.e2b._state`); the variables reach every command.
+* ``timeout`` is enforced on time: from the deadline on the sandbox is refused, and its timer kills it (or pauses
+  it, with ``autoPause``); ``set_timeout`` moves the deadline either way, ``connect`` and ``refreshes`` only extend
+  it, all within 24 h of the start (see :mod:`corral.api.e2b._state`). A kill refuses the sandbox at once, before
+  its commands end. ``metadata`` and ``envVars`` are kept with the workspace; the variables reach every command.
+* ``GET /v2/sandboxes`` lists newest first (``order=asc``: oldest first), filtered by ``state``, ``metadata``,
+  ``template`` and ``startedAfter``, in pages of ``limit`` (default and at most 100) continued by E2B's cursor in
+  ``X-Next-Token``. A sandbox being paused lists as ``paused``; one being killed is gone at once.
 * ``pause`` is Corral's pause: processes, memory and open files are kept where the provider can (gVisor), and
   ``connect`` (or ``resume``) brings them back; with ``memory: false`` it is a stop, and the sandbox cold-boots from
   its disk when resumed. Both show as E2B's ``paused``. With ``autoResume`` a request to a sandbox paused with its
@@ -26,54 +32,58 @@ How E2B concepts map onto Corral:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
+import re
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from corral.api.e2b._errors import E2BApiError, e2b_error, status_of
 from corral.api.e2b._snapshots import FILESYSTEM_ONLY, filesystem_only, lookup, snapshot_json
-from corral.api.e2b._state import DEFAULT_TIMEOUT_S, E2BState, SandboxExtras, clamp_timeout
-from corral.errors import (
-    CorralError,
-    InvalidRequestError,
-    ProviderNotFoundError,
-    ResourceLimitError,
-    WorkspaceDestroyedError,
-    WorkspaceNotFoundError,
+from corral.api.e2b._state import (
+    DEFAULT_TIMEOUT_S,
+    MAX_TIMEOUT_S,
+    E2BState,
+    SandboxExtras,
+    clamp_timeout,
 )
+from corral.errors import CorralError, InvalidRequestError, WorkspaceNotFoundError
 from corral.orchestrator.service import CreateWorkspace
 from corral.providers.base import parse_cpu, parse_size
 from corral.store import SnapshotRecord, WorkspaceRecord
 
 __all__ = ["ENVD_VERSION", "E2BApiError", "control_router", "get_state"]
 
-ENVD_VERSION = "0.5.7"
-"""The envd version sandboxes report. It tells the SDK which envd features to use: default user (0.4.0), closing
-stdin (0.5.2) and octet-stream uploads (0.5.7) are served; file metadata (0.6.2) is not, so the SDK refuses it."""
+ENVD_VERSION = "0.6.4"
+"""The envd version sandboxes report; the SDK (2.x) gates features on it. 0.6.4 is the first that enables all of them:
+default user (0.4.0), closing stdin (0.5.2), octet-stream uploads (0.5.7), file metadata (0.6.2), watch events with
+their entry (0.6.3) and watching network mounts (0.6.4). See :mod:`corral.api.e2b.envd` for what is served."""
 
 CLIENT_ID = "corral"
 DEFAULT_TEMPLATE = "base"
 NO_END = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
 """``endAt`` of a workspace created through Corral's own API: it has no E2B timeout."""
-_T = TypeVar("_T")
 FORK_TIMEOUT_S = 15
 """The lifetime of forks when the request names none (E2B's ``SandboxForkRequest`` default)."""
-
-
-class E2BApiError(Exception):
-    """An answer in E2B's error shape."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+V1_TIMEOUT_S = 15
+"""The default timeout of API v1's create and resume, and the shortest a refresh extends (E2B's
+``SandboxTimeoutDefault``)."""
+LIST_LIMIT = 100
+"""The default and the largest page of a list (E2B's ``paginationLimit``: a larger ``limit`` is cut to it)."""
+V1_LIST_MAX = 5000
+"""API v1's list answers 400 past this many running sandboxes (E2B's bound; v2 pages through them)."""
+_TOO_LONG = f"Timeout cannot be greater than {MAX_TIMEOUT_S // 3600} hours"
+_STATES = ("running", "paused")
+View = Literal["running", "paused"]
 
 
 def get_state(request: Request) -> E2BState:
@@ -82,19 +92,21 @@ def get_state(request: Request) -> E2BState:
     return state
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
+def _not_found(sandbox_id: str) -> E2BApiError:
+    return E2BApiError(404, f"Sandbox \"{sandbox_id}\" doesn't exist or you don't have access to it")
 
 
-def _status_of(exc: CorralError) -> int:
-    if isinstance(exc, WorkspaceNotFoundError | WorkspaceDestroyedError):
-        return 404
-    if isinstance(exc, InvalidRequestError | ProviderNotFoundError):
-        return 400
-    if isinstance(exc, ResourceLimitError):
-        return 422
-    # 500 rather than E2B's 503: the SDK retries 503s with backoff, which only delays a real provider failure.
-    return 500 if exc.http_status >= 500 else exc.http_status
+def _invalid_body(detail: str) -> E2BApiError:
+    """400 as E2B's OpenAPI validator words a request body that does not match the schema."""
+    return E2BApiError(
+        400, f"validation error: error in openapi3filter.RequestError: request body has an error: {detail}"
+    )
+
+
+def _invalid_param(name: str, detail: str) -> E2BApiError:
+    """400 as E2B's OpenAPI validator words a query parameter that does not match the schema."""
+    prefix = "validation error: error in openapi3filter.RequestError"
+    return E2BApiError(400, f'{prefix}: parameter "{name}" in query has an error: {detail}')
 
 
 class _ControlRoute(APIRoute):
@@ -109,13 +121,13 @@ class _ControlRoute(APIRoute):
                 scheme, _, token = request.headers.get("authorization", "").partition(" ")
                 key = token.strip() if scheme.lower() == "bearer" else None
             if key is None or not get_state(request).api_key_matches(key):
-                return _error(401, "Invalid API key: send X-API-KEY: <CORRAL_API_TOKEN>")
+                return e2b_error(401, "Invalid API key: send X-API-KEY: <CORRAL_API_TOKEN>")
             try:
                 return await handler(request)
             except E2BApiError as exc:
-                return _error(exc.status, exc.message)
+                return e2b_error(exc.status, exc.message)
             except CorralError as exc:
-                return _error(_status_of(exc), exc.message)
+                return e2b_error(status_of(exc), exc.message)
 
         return route
 
@@ -129,10 +141,10 @@ async def _body(request: Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
-    except ValueError:
-        raise E2BApiError(400, "request body is not valid JSON") from None
+    except ValueError as exc:
+        raise E2BApiError(400, f"Error when parsing request: {exc}") from None
     if not isinstance(body, dict):
-        raise E2BApiError(400, "request body must be a JSON object")
+        raise E2BApiError(400, "Error when parsing request: the body must be a JSON object")
     return body
 
 
@@ -141,7 +153,7 @@ def _str_map(body: Mapping[str, Any], key: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise E2BApiError(400, f"{key}: must be an object of string values")
+        raise _invalid_body(f'doesn\'t match schema: property "{key}": must be an object of string values')
     return dict(value)
 
 
@@ -150,7 +162,7 @@ def _int(body: Mapping[str, Any], key: str, default: int | None) -> int | None:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise E2BApiError(400, f"{key}: must be a non-negative number of seconds")
+        raise _invalid_body(f'doesn\'t match schema: property "{key}": must be a non-negative integer of seconds')
     return int(value)
 
 
@@ -159,8 +171,17 @@ def _bool(body: Mapping[str, Any], key: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise E2BApiError(400, f"{key}: must be true or false")
+        raise _invalid_body(f'doesn\'t match schema: property "{key}": must be true or false')
     return value
+
+
+def _timeout(body: Mapping[str, Any], default: int) -> int:
+    """A sandbox timeout from a create, connect or resume body; over 24 h is refused, as E2B refuses it."""
+    timeout = _int(body, "timeout", default)
+    assert timeout is not None
+    if timeout > MAX_TIMEOUT_S:
+        raise E2BApiError(400, _TOO_LONG)
+    return timeout
 
 
 def _isolated(body: Mapping[str, Any]) -> bool:
@@ -177,9 +198,11 @@ def _isolated(body: Mapping[str, Any]) -> bool:
 
 
 def _iso(moment: datetime | float) -> str:
-    if not isinstance(moment, datetime):
-        moment = datetime.fromtimestamp(moment, UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if isinstance(moment, datetime):
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # Through the same microseconds as list cursors and startedAfter compare, so a time read back filters exactly.
+    seconds, fraction = divmod(_micros(moment), 1_000_000)
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{fraction:06d}Z"
 
 
 def _limits(record: WorkspaceRecord) -> dict[str, int]:
@@ -194,8 +217,21 @@ def _limits(record: WorkspaceRecord) -> dict[str, int]:
     return out
 
 
-def _state_of(record: WorkspaceRecord) -> Literal["running", "paused"]:
-    return "running" if record.status == "ready" else "paused"
+def _view(state: E2BState, record: WorkspaceRecord) -> View | None:
+    """What E2B would show of a workspace: ``running``; ``paused`` (also while it is being paused, or is past its
+    deadline with ``onTimeout: pause``, as E2B shows ``pausing``); None when it is no sandbox (destroyed, warm, in
+    error) or is being killed, as E2B hides ``killing``."""
+    if record.status not in ("ready", "paused", "stopped") or record.pool_key is not None:
+        return None
+    transition = state.transition(record.id)
+    if transition is not None and transition.action == "kill":
+        return None
+    return "running" if record.status == "ready" and transition is None else "paused"
+
+
+def _started_at(record: WorkspaceRecord) -> float:
+    extras = SandboxExtras.of(record)
+    return extras.started_at if extras.started_at is not None else record.created_at.timestamp()
 
 
 def sandbox_json(state: E2BState, record: WorkspaceRecord) -> dict[str, Any]:
@@ -212,53 +248,68 @@ def sandbox_json(state: E2BState, record: WorkspaceRecord) -> dict[str, Any]:
     }
 
 
-def listed_json(record: WorkspaceRecord) -> dict[str, Any]:
-    """``ListedSandbox``."""
+def listed_json(record: WorkspaceRecord, view: View) -> dict[str, Any]:
+    """``ListedSandbox``; ``endAt`` is when a running sandbox times out, or when a paused one was paused."""
     extras = SandboxExtras.of(record)
     return {
         "templateID": extras.template,
         "sandboxID": record.id,
         "clientID": CLIENT_ID,
-        "startedAt": _iso(extras.started_at if extras.started_at is not None else record.created_at),
+        "startedAt": _iso(_started_at(record)),
         "endAt": _iso(extras.end_at if extras.end_at is not None else NO_END),
         "envdVersion": ENVD_VERSION,
-        "state": _state_of(record),
+        "state": view,
         "metadata": extras.metadata,
         **_limits(record),
     }
 
 
-def detail_json(state: E2BState, record: WorkspaceRecord) -> dict[str, Any]:
-    """``SandboxDetail``: the answer to ``GET /sandboxes/{id}``."""
+def detail_json(state: E2BState, record: WorkspaceRecord, view: View) -> dict[str, Any]:
+    """``SandboxDetail``: the answer to ``GET /sandboxes/{id}``; ``pauseMode`` once a pause has finished."""
     extras = SandboxExtras.of(record)
-    return {
-        **listed_json(record),
+    detail = {
+        **listed_json(record, view),
         "envdAccessToken": state.access_token(record.id),
         "allowInternetAccess": record.network == "default",
         "domain": None,
         "lifecycle": {"autoResume": extras.auto_resume, "onTimeout": "pause" if extras.auto_pause else "kill"},
     }
+    if record.status in ("paused", "stopped") and state.transition(record.id) is None:
+        detail["pauseMode"] = "full" if record.status == "paused" else "filesystem"
+    return detail
 
 
 # --- the router ---------------------------------------------------------------------------------------------------
 
 
-async def _visible(state: E2BState, sandbox_id: str) -> WorkspaceRecord:
-    """A running or paused sandbox, or 404 as E2B says it."""
+async def _record(state: E2BState, sandbox_id: str) -> tuple[WorkspaceRecord, View] | None:
+    """The sandbox and what E2B would show of it, or None when E2B would not know it."""
     try:
         record = await state.service.get(sandbox_id)
     except WorkspaceNotFoundError:
-        record = None
-    if record is None or record.status not in ("ready", "paused", "stopped") or record.pool_key is not None:
-        raise E2BApiError(404, f"sandbox {sandbox_id!r} doesn't exist or you don't have access to it")
+        return None
+    view = _view(state, record)
+    return None if view is None else (record, view)
+
+
+async def _visible(state: E2BState, sandbox_id: str) -> tuple[WorkspaceRecord, View]:
+    """A running or paused sandbox, or 404 as E2B says it."""
+    found = await _record(state, sandbox_id)
+    if found is None:
+        raise _not_found(sandbox_id)
+    return found
+
+
+async def _running(state: E2BState, sandbox_id: str) -> WorkspaceRecord:
+    """A running sandbox (call it holding the sandbox's lifecycle lock): 409 while it is being paused, and 404 when
+    it is paused, killed or unknown, as E2B answers a sandbox it has no running instance of."""
+    record, view = await _visible(state, sandbox_id)
+    transition = state.transition(sandbox_id)
+    if transition is not None:
+        raise E2BApiError(409, transition.message(sandbox_id))
+    if view != "running":
+        raise _not_found(sandbox_id)
     return record
-
-
-def _metadata_filter(raw: str | None) -> dict[str, str]:
-    # The SDK percent-encodes each key and value, then urlencodes the pairs into one query parameter.
-    if not raw:
-        return {}
-    return {urllib.parse.unquote(k): urllib.parse.unquote(v) for k, v in urllib.parse.parse_qsl(raw)}
 
 
 async def _create(request: Request, default_timeout: int) -> JSONResponse:
@@ -266,20 +317,31 @@ async def _create(request: Request, default_timeout: int) -> JSONResponse:
     body = await _body(request)
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
-        raise E2BApiError(400, "templateID: a template name is required")
+        raise _invalid_body('doesn\'t match schema: property "templateID" is missing')
     if body.get("mcp"):
         raise E2BApiError(400, "mcp: MCP gateways are not supported by Corral")
     if body.get("volumeMounts"):
         raise E2BApiError(400, "volumeMounts: volumes are not supported by Corral")
-    timeout = clamp_timeout(_int(body, "timeout", default_timeout) or default_timeout)
-    auto_resume = body.get("autoResume")
+    timeout = _timeout(body, default_timeout)
+    auto_resume_body = body.get("autoResume")
+    auto_pause = _bool(body, "autoPause", False)
+    auto_pause_memory = _bool(body, "autoPauseMemory", True)
+    auto_resume = _bool(auto_resume_body, "enabled", False) if isinstance(auto_resume_body, dict) else False
+    if auto_resume and not auto_pause:
+        raise E2BApiError(400, "autoResume can only be enabled when autoPause is true (onTimeout: pause)")
+    if auto_resume and not auto_pause_memory:
+        raise E2BApiError(
+            400,
+            "autoResume cannot be combined with autoPauseMemory: false: a filesystem-only pause must be resumed "
+            "with an explicit connect",
+        )
     extras = SandboxExtras(
         template=template,
         metadata=_str_map(body, "metadata"),
         envs=_str_map(body, "envVars"),
-        auto_pause=_bool(body, "autoPause", False),
-        auto_pause_memory=_bool(body, "autoPauseMemory", True),
-        auto_resume=_bool(auto_resume, "enabled", False) if isinstance(auto_resume, dict) else False,
+        auto_pause=auto_pause,
+        auto_pause_memory=auto_pause_memory,
+        auto_resume=auto_resume,
         timeout_s=timeout,
         allow_internet_access=not _isolated(body),
     )
@@ -291,7 +353,7 @@ async def _create(request: Request, default_timeout: int) -> JSONResponse:
     async with state.idempotency_lock(key):  # the SDK retries a create with the same key
         known = state.remembered(key)
         if known is not None:
-            record = await _visible(state, known)
+            record, _ = await _visible(state, known)
         else:
             record = await _new_sandbox(state, extras, network_given)
         state.remember(key, record.id)
@@ -356,90 +418,254 @@ async def create_v2(request: Request) -> JSONResponse:
 
 async def create_v1(request: Request) -> JSONResponse:
     """Create a sandbox (API v1); the timeout defaults to 15 s as in E2B's v1 API."""
-    return await _create(request, 15)
+    return await _create(request, V1_TIMEOUT_S)
 
 
-async def _listing(request: Request, states: set[str]) -> list[WorkspaceRecord]:
-    state = get_state(request)
-    wanted = _metadata_filter(request.query_params.get("metadata"))
-    template = request.query_params.get("template")
-    records = []
+# --- listing ------------------------------------------------------------------------------------------------------
+#
+# E2B lists newest first (by start time, ties by id) in pages of ``limit``; ``X-Next-Token`` carries the cursor of
+# the last item of a page (absent on the last page): base64url of "<RFC 3339 start>__<id>", so a page follows from
+# where the previous one ended even when sandboxes start or end meanwhile.
+
+_RFC3339 = re.compile(r"^(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?([Zz]|[+-]\d{2}:\d{2})$")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True, slots=True)
+class _Keyed:
+    """A listed item with its place in the order: microseconds since the epoch, then id."""
+
+    micros: int
+    id: str
+    item: Any
+
+
+def _micros(moment: float) -> int:
+    return round(moment * 1_000_000)
+
+
+def _rfc3339(micros: int) -> str:
+    """Go's RFC 3339 with nanoseconds, as E2B's cursors carry it (trailing zeros of the fraction dropped)."""
+    seconds, fraction = divmod(micros, 1_000_000)
+    text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    digits = f"{fraction:06d}".rstrip("0")
+    return f"{text}.{digits}Z" if digits else f"{text}Z"
+
+
+def _parse_rfc3339(text: str) -> int:
+    """Microseconds since the epoch of an RFC 3339 date-time.
+
+    Raises:
+        ValueError: ``text`` is not one.
+    """
+    match = _RFC3339.match(text.strip())
+    if match is None:
+        raise ValueError(text)
+    day, clock, fraction, zone = match.groups()
+    offset = timedelta(0)
+    if zone not in ("Z", "z"):
+        sign = -1 if zone[0] == "-" else 1
+        offset = sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+    moment = datetime.strptime(f"{day}T{clock}", "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone(offset))
+    return int(moment.timestamp()) * 1_000_000 + int((fraction or "").ljust(6, "0")[:6])
+
+
+def cursor_token(micros: int, item_id: str) -> str:
+    """The ``nextToken`` that continues a list after the item started at ``micros`` with id ``item_id``."""
+    return base64.urlsafe_b64encode(f"{_rfc3339(micros)}__{item_id}".encode()).decode("ascii")
+
+
+def _parse_cursor(token: str) -> tuple[int, str]:
+    try:
+        decoded = base64.urlsafe_b64decode(token.encode("ascii")).decode()
+    except (binascii.Error, UnicodeError, ValueError):
+        raise ValueError(token) from None
+    parts = decoded.split("__")
+    if len(parts) != 2:
+        raise ValueError(token)
+    return _parse_rfc3339(parts[0]), parts[1]
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return LIST_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise _invalid_param("limit", f"value {raw} is not an integer") from None
+    if limit < 1:
+        raise _invalid_param("limit", "number must be at least 1")
+    return min(limit, LIST_LIMIT)
+
+
+def _page(request: Request, items: Sequence[_Keyed], *, ascending: bool = False) -> tuple[list[Any], dict[str, str]]:
+    """One page of ``items`` in E2B's order (newest first unless ``ascending``) after the ``nextToken`` cursor,
+    with ``X-Next-Token`` when more follow."""
+    limit = _limit(request)
+    ordered = sorted(items, key=lambda k: (k.micros if ascending else -k.micros, k.id))
+    token = request.query_params.get("nextToken")
+    if token:
+        try:
+            micros, last_id = _parse_cursor(token)
+        except ValueError:
+            raise E2BApiError(400, "Invalid next token") from None
+        if ascending:
+            ordered = [k for k in ordered if k.micros > micros or (k.micros == micros and k.id > last_id)]
+        else:
+            ordered = [k for k in ordered if k.micros < micros or (k.micros == micros and k.id > last_id)]
+    page = ordered[:limit]
+    headers = {"X-Next-Token": cursor_token(page[-1].micros, page[-1].id)} if len(ordered) > limit else {}
+    return [k.item for k in page], headers
+
+
+def _metadata_filter(raw: str | None) -> dict[str, str]:
+    """E2B's ``metadata`` query: ``k=v&k2=v2``, each key and value percent-encoded, the whole encoded once more
+    (the SDK quotes each, then urlencodes the pairs). Decoded as E2B does: the whole, then each key and value."""
+    if not raw:
+        return {}
+    wanted = {}
+    for pair in _unescape(raw).split("&"):
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise E2BApiError(400, "Error parsing metadata")
+        wanted[_unescape(parts[0])] = _unescape(parts[1])
+    return wanted
+
+
+def _unescape(text: str) -> str:
+    """Go's ``url.QueryUnescape``: "+" is a space, and a malformed escape is an error."""
+    if _BAD_ESCAPE.search(text):
+        raise E2BApiError(400, "Error parsing metadata")
+    try:
+        return urllib.parse.unquote_plus(text, errors="strict")
+    except UnicodeDecodeError:
+        raise E2BApiError(400, "Error parsing metadata") from None
+
+
+def _states(raw: str | None) -> set[str]:
+    if not raw:
+        return set(_STATES)
+    states = {s.strip() for s in raw.split(",")}
+    for value in states - set(_STATES):
+        raise _invalid_param("state", f'value "{value}" is not one of the allowed values ["running","paused"]')
+    return states
+
+
+def _started_after(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    try:
+        return _parse_rfc3339(raw.replace(" ", "+"))  # an unencoded "+" of the offset arrives as a space
+    except ValueError:
+        raise _invalid_param("startedAfter", f'value "{raw}" is not an RFC 3339 date-time') from None
+
+
+async def _sandboxes(state: E2BState, wanted: Mapping[str, str]) -> list[tuple[WorkspaceRecord, View]]:
+    found = []
     for record in await state.service.list_workspaces():
-        if record.status not in ("ready", "paused", "stopped") or _state_of(record) not in states:
-            continue
-        extras = SandboxExtras.of(record)
-        if any(extras.metadata.get(k) != v for k, v in wanted.items()):
-            continue
-        if template and extras.template != template:
-            continue
-        records.append(record)
-    if request.query_params.get("order") == "desc":
-        records.reverse()
-    return records
+        view = _view(state, record)
+        metadata = SandboxExtras.of(record).metadata
+        if view is not None and all(metadata.get(k) == v for k, v in wanted.items()):
+            found.append((record, view))
+    return found
 
 
 async def list_v2(request: Request) -> JSONResponse:
-    """Running and paused sandboxes, filtered by ``state``, ``metadata`` and ``template``, paginated."""
-    raw_states = request.query_params.get("state")
-    states = {s.strip() for s in raw_states.split(",")} if raw_states else {"running", "paused"}
-    page, headers = _page(request, await _listing(request, states))
-    return JSONResponse([listed_json(r) for r in page], headers=headers)
-
-
-def _page(request: Request, items: list[_T]) -> tuple[list[_T], dict[str, str]]:
-    """One page of ``items`` (``limit``, and ``nextToken`` from the previous page's ``x-next-token`` header)."""
-    try:
-        limit = max(1, min(int(request.query_params.get("limit", "100")), 1000))
-        offset = int(request.query_params.get("nextToken") or 0)
-    except ValueError:
-        raise E2BApiError(400, "limit and nextToken must be integers") from None
-    headers = {"x-next-token": str(offset + limit)} if offset + limit < len(items) else {}
-    return items[offset : offset + limit], headers
+    """Running and paused sandboxes, newest first (``order=asc``: oldest first), filtered by ``state``,
+    ``metadata``, ``template`` and ``startedAfter`` (inclusive), paginated with ``limit`` and ``nextToken``."""
+    state = get_state(request)
+    query = request.query_params
+    states = _states(query.get("state"))
+    order = query.get("order") or "desc"
+    if order not in ("asc", "desc"):
+        raise _invalid_param("order", 'value is not one of the allowed values ["asc","desc"]')
+    started_after = _started_after(query.get("startedAfter"))
+    template = query.get("template")
+    _limit(request)  # checked before anything is listed, as E2B's validator does
+    items, running = [], 0
+    for record, view in await _sandboxes(state, _metadata_filter(query.get("metadata"))):
+        micros = _micros(_started_at(record))
+        if template and SandboxExtras.of(record).template != template:
+            continue
+        if started_after is not None and micros < started_after:
+            continue
+        running += view == "running"
+        if view in states:
+            items.append(_Keyed(micros, record.id, (record, view)))
+    page, headers = _page(request, items, ascending=order == "asc")
+    if "running" in states:
+        headers["X-Total-Running"] = str(running)
+    return JSONResponse([listed_json(record, view) for record, view in page], headers=headers)
 
 
 async def list_v1(request: Request) -> JSONResponse:
-    """Running sandboxes (API v1), filtered by ``metadata``."""
-    return JSONResponse([listed_json(r) for r in await _listing(request, {"running"})])
+    """Running sandboxes (API v1), newest first, filtered by ``metadata``; 400 past 5000 of them."""
+    state = get_state(request)
+    running = [
+        (record, view)
+        for record, view in await _sandboxes(state, _metadata_filter(request.query_params.get("metadata")))
+        if view == "running"
+    ]
+    if len(running) > V1_LIST_MAX:
+        raise E2BApiError(
+            400, f"more than {V1_LIST_MAX} running sandboxes match; use GET /v2/sandboxes to page through them"
+        )
+    running.sort(key=lambda found: (-_micros(_started_at(found[0])), found[0].id))
+    return JSONResponse([listed_json(record, view) for record, view in running])
+
+
+# --- one sandbox --------------------------------------------------------------------------------------------------
 
 
 async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     """One sandbox's details, including its envd access token."""
     state = get_state(request)
-    return JSONResponse(detail_json(state, await _visible(state, sandbox_id)))
-
-
-async def metrics(sandbox_id: str, request: Request) -> JSONResponse:
-    """No metrics are collected: an empty list."""
-    await _visible(get_state(request), sandbox_id)
-    return JSONResponse([])
+    record, view = await _visible(state, sandbox_id)
+    return JSONResponse(detail_json(state, record, view))
 
 
 async def kill(sandbox_id: str, request: Request) -> Response:
-    """Kill the sandbox: its workspace is destroyed."""
+    """Kill the sandbox (running or paused): its workspace is destroyed. It is refused at once, so its envd health
+    check says it is gone before its commands' streams end; 404 once it is gone or being killed."""
     state = get_state(request)
-    await _visible(state, sandbox_id)
-    await state.processes.forget(sandbox_id)
-    await state.service.destroy(sandbox_id)
-    state.forget(sandbox_id)
+    if await _record(state, sandbox_id) is None:
+        raise E2BApiError(404, "Sandbox not found")
+    await state.kill(sandbox_id)
     return Response(status_code=204)
 
 
 async def set_timeout(sandbox_id: str, request: Request) -> Response:
-    """The sandbox now times out ``timeout`` seconds from now."""
+    """The running sandbox now times out ``timeout`` seconds from now (sooner or later than before), at most 24 h
+    after it started; 404 when it is not running."""
     state = get_state(request)
     timeout = _int(await _body(request), "timeout", None)
     if timeout is None:
-        raise E2BApiError(400, "timeout: required")
-    await state.set_timeout(await _visible(state, sandbox_id), timeout)
+        raise _invalid_body('doesn\'t match schema: property "timeout" is missing')
+    async with state.lifecycle_lock(sandbox_id):
+        record = await _running(state, sandbox_id)
+        if time.time() - _started_at(record) > MAX_TIMEOUT_S:
+            raise E2BApiError(400, "Max instance length exceeded")
+        await state.set_timeout(record, timeout)
     return Response(status_code=204)
 
 
 async def refresh(sandbox_id: str, request: Request) -> Response:
-    """Keep the sandbox alive ``duration`` more seconds (never shortens its life)."""
+    """Keep the running sandbox alive ``duration`` more seconds (at least 15; never shortens its life)."""
     state = get_state(request)
-    duration = _int(await _body(request), "duration", None) or DEFAULT_TIMEOUT_S
-    await state.set_timeout(await _visible(state, sandbox_id), duration, only_extend=True)
+    duration = max(_int(await _body(request), "duration", None) or V1_TIMEOUT_S, V1_TIMEOUT_S)
+    async with state.lifecycle_lock(sandbox_id):
+        record = await _running(state, sandbox_id)
+        await state.set_timeout(record, duration, only_extend=True)
     return Response(status_code=204)
+
+
+async def _settled(state: E2BState, sandbox_id: str) -> tuple[WorkspaceRecord, View] | None:
+    """The sandbox once the kill or pause its passed deadline calls for is done (call it holding its lifecycle
+    lock): E2B's proxy and API wait out ``pausing`` before they resume a sandbox."""
+    if state.transition(sandbox_id) is not None:
+        await state.settle(sandbox_id)
+    return await _record(state, sandbox_id)
 
 
 async def pause(sandbox_id: str, request: Request) -> Response:
@@ -447,41 +673,61 @@ async def pause(sandbox_id: str, request: Request) -> Response:
     state = get_state(request)
     memory = _bool(await _body(request), "memory", True)
     async with state.lifecycle_lock(sandbox_id):
-        record = await _visible(state, sandbox_id)
-        if record.status != "ready":
-            raise E2BApiError(409, f"sandbox {sandbox_id!r} is already paused")
+        _, view = await _visible(state, sandbox_id)
+        transition = state.transition(sandbox_id)
+        if transition is not None:
+            raise E2BApiError(409, transition.message(sandbox_id))
+        if view != "running":
+            raise E2BApiError(409, f'Sandbox "{sandbox_id}" is already paused')
         await state.pause(sandbox_id, memory=memory)
     return Response(status_code=204)
 
 
-async def resume(sandbox_id: str, request: Request) -> JSONResponse:
-    """Resume a paused sandbox (API v1), with its memory unless ``memory: false``; 409 when it is running."""
+async def _wake(request: Request, sandbox_id: str, *, timeout_default: int | None) -> JSONResponse:
+    """Connect (and resume, API v1): 200 for a running sandbox (its timeout only extended), 201 after resuming a
+    paused one (with its processes and memory, or from its disk with ``memory: false``)."""
     state = get_state(request)
     body = await _body(request)
-    timeout, memory = _int(body, "timeout", None), _bool(body, "memory", True)
+    if timeout_default is None and body.get("timeout") is None:
+        raise _invalid_body('doesn\'t match schema: property "timeout" is missing')
+    timeout, memory = _timeout(body, timeout_default or 0), _bool(body, "memory", True)
     async with state.lifecycle_lock(sandbox_id):
-        record = await _visible(state, sandbox_id)
-        if record.status == "ready":
-            raise E2BApiError(409, f"sandbox {sandbox_id!r} is already running")
-        if body.get("autoPause") is not None:
-            extras = replace(SandboxExtras.of(record), auto_pause=_bool(body, "autoPause", False))
-            await state.save(record, extras)
+        found = await _settled(state, sandbox_id)
+        if found is None:
+            raise E2BApiError(404, "Sandbox can't be resumed, no snapshot found")
+        record, view = found
+        if view == "running":
+            await state.set_timeout(record, timeout, only_extend=True)
+            return JSONResponse(sandbox_json(state, record), status_code=200)
         record = await state.wake(sandbox_id, timeout, memory=memory)
     return JSONResponse(sandbox_json(state, record), status_code=201)
 
 
 async def connect(sandbox_id: str, request: Request) -> JSONResponse:
-    """Connect: 200 for a running sandbox (its timeout only extended), 201 after resuming a paused one (with its
-    processes and memory, or from its disk with ``memory: false``)."""
+    """Connect (v2): the timeout defaults to 300 s."""
+    return await _wake(request, sandbox_id, timeout_default=DEFAULT_TIMEOUT_S)
+
+
+async def connect_v1(sandbox_id: str, request: Request) -> JSONResponse:
+    """Connect (v1): the timeout is required."""
+    return await _wake(request, sandbox_id, timeout_default=None)
+
+
+async def resume(sandbox_id: str, request: Request) -> JSONResponse:
+    """Resume a paused sandbox (API v1, deprecated), with its memory unless ``memory: false``; the timeout
+    defaults to 15 s; 409 when it is running."""
     state = get_state(request)
     body = await _body(request)
-    timeout, memory = _int(body, "timeout", None), _bool(body, "memory", True)
+    timeout, memory = _timeout(body, V1_TIMEOUT_S), _bool(body, "memory", True)
     async with state.lifecycle_lock(sandbox_id):
-        record = await _visible(state, sandbox_id)
-        if record.status == "ready":
-            if timeout is not None:
-                await state.set_timeout(record, timeout, only_extend=True)
-            return JSONResponse(sandbox_json(state, record), status_code=200)
+        found = await _settled(state, sandbox_id)
+        if found is None:
+            raise _not_found(sandbox_id)
+        record, view = found
+        if view == "running":
+            raise E2BApiError(409, f'Sandbox "{sandbox_id}" is already running')
+        if body.get("autoPause") is not None:
+            await state.save(record, replace(SandboxExtras.of(record), auto_pause=_bool(body, "autoPause", False)))
         record = await state.wake(sandbox_id, timeout, memory=memory)
     return JSONResponse(sandbox_json(state, record), status_code=201)
 
@@ -494,11 +740,11 @@ async def fork(sandbox_id: str, request: Request) -> JSONResponse:
     timeout = clamp_timeout(_int(body, "timeout", FORK_TIMEOUT_S) or FORK_TIMEOUT_S)
     count = body.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int):
-        raise E2BApiError(400, f"count: must be an integer, not {count!r}")
+        raise _invalid_body(f'doesn\'t match schema: property "count": must be an integer, not {count!r}')
     async with state.lifecycle_lock(sandbox_id):
-        source = await _visible(state, sandbox_id)
-        if source.status != "ready":
-            raise E2BApiError(409, f"sandbox {sandbox_id!r} is paused; connect to it before forking it")
+        source, view = await _visible(state, sandbox_id)
+        if view != "running":
+            raise E2BApiError(409, f'Sandbox "{sandbox_id}" is paused; connect to it before forking it')
         records = await state.snapshots.fork(sandbox_id, count)
     extras = SandboxExtras.of(source)
     now = time.time()
@@ -518,12 +764,12 @@ async def create_snapshot(sandbox_id: str, request: Request) -> JSONResponse:
     body = await _body(request)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
-        raise E2BApiError(400, "name: must be a string")
+        raise _invalid_body('doesn\'t match schema: property "name": must be a string')
     memory = _bool(body, "memory", True)
     async with state.lifecycle_lock(sandbox_id):
-        record = await _visible(state, sandbox_id)
-        if record.status != "ready":
-            raise E2BApiError(409, f"sandbox {sandbox_id!r} is paused; connect to it before taking a snapshot")
+        _, view = await _visible(state, sandbox_id)
+        if view != "running":
+            raise E2BApiError(409, f'Sandbox "{sandbox_id}" is paused; connect to it before taking a snapshot')
         snapshot = await state.snapshots.create(
             sandbox_id, name=name or None, metadata=None if memory else FILESYSTEM_ONLY
         )
@@ -531,7 +777,8 @@ async def create_snapshot(sandbox_id: str, request: Request) -> JSONResponse:
 
 
 async def list_snapshots(request: Request) -> JSONResponse:
-    """Ready snapshots, newest first, optionally of one sandbox (``sandboxID``) or by name or id (``name``)."""
+    """Ready snapshots, newest first, optionally of one sandbox (``sandboxID``) or by name or id (``name``),
+    paginated as the sandbox list is."""
     state = get_state(request)
     sandbox_id = request.query_params.get("sandboxID") or None
     name = request.query_params.get("name")
@@ -539,7 +786,8 @@ async def list_snapshots(request: Request) -> JSONResponse:
         found = [r for r in await lookup(state.snapshots, name) if sandbox_id is None or r.workspace_id == sandbox_id]
     else:
         found = await state.snapshots.find(workspace_id=sandbox_id)
-    page, headers = _page(request, [r for r in found if r.status == "ready"])
+    items = [_Keyed(_micros(r.created_at.timestamp()), r.id, r) for r in found if r.status == "ready"]
+    page, headers = _page(request, items)
     return JSONResponse([snapshot_json(r) for r in page], headers=headers)
 
 
@@ -567,13 +815,12 @@ def control_router() -> APIRouter:
         ("GET", "/v2/sandboxes", list_v2, 200),
         ("GET", "/sandboxes", list_v1, 200),
         ("GET", "/sandboxes/{sandbox_id}", get_sandbox, 200),
-        ("GET", "/sandboxes/{sandbox_id}/metrics", metrics, 200),
         ("DELETE", "/sandboxes/{sandbox_id}", kill, 204),
         ("POST", "/sandboxes/{sandbox_id}/timeout", set_timeout, 204),
         ("POST", "/sandboxes/{sandbox_id}/refreshes", refresh, 204),
         ("POST", "/sandboxes/{sandbox_id}/pause", pause, 204),
         ("POST", "/sandboxes/{sandbox_id}/resume", resume, 201),
-        ("POST", "/sandboxes/{sandbox_id}/connect", connect, 200),
+        ("POST", "/sandboxes/{sandbox_id}/connect", connect_v1, 200),
         ("POST", "/v2/sandboxes/{sandbox_id}/connect", connect, 200),
         ("POST", "/sandboxes/{sandbox_id}/fork", fork, 201),
         ("POST", "/sandboxes/{sandbox_id}/snapshots", create_snapshot, 201),

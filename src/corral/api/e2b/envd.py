@@ -4,21 +4,29 @@ The SDK (with ``E2B_SANDBOX_URL`` set) sends every envd request to one URL and n
 ``E2b-Sandbox-Id`` header; that header is how one Corral server serves many sandboxes. Requests authenticate with
 ``X-Access-Token`` (the ``envdAccessToken`` of the create/connect answer) or with ``X-API-KEY: <CORRAL_API_TOKEN>``.
 
-Served:
+Served, as envd 0.6.4 serves it (:data:`corral.api.e2b.control.ENVD_VERSION`, the version sandboxes report):
 
-* ``GET /health`` (204), ``GET /files`` (download, streamed) and ``POST /files`` (upload: ``application/octet-stream``,
-  gzip or not, or ``multipart/form-data`` with one or many files, streamed either way). Both also accept the signed
-  URLs of the SDK's ``download_url``/``upload_url`` without any header: the signature names the sandbox. The SDK
-  puts those URLs at the server root (``/files``), so :func:`signed_files_router` serves them there.
-* ``process.Process``: ``Start`` and ``Connect`` (server streams), ``List``, ``SendInput``, ``StreamInput``,
-  ``SendSignal`` (SIGKILL, SIGTERM), ``CloseStdin``; see :mod:`corral.api.e2b._processes` for how pids, signals and
-  stdin are built on the provider contract.
-* ``filesystem.Filesystem``: ``Stat``, ``MakeDir``, ``Move``, ``ListDir`` (with ``depth``), ``Remove``.
+* ``GET /health`` (204), ``GET /files`` (download, streamed; gzip when ``Accept-Encoding`` prefers it, as envd
+  chooses) and ``POST /files`` (upload: ``application/octet-stream`` or ``multipart/form-data`` with one or many
+  files, either of them gzip-encoded, streamed either way; ``X-Metadata-<key>`` headers set the files' metadata).
+  Both also accept the signed URLs of the SDK's ``download_url``/``upload_url`` without any header: the signature
+  names the sandbox. The SDK puts those URLs at the server root (``/files``), so :func:`signed_files_router` serves
+  them there.
+* ``process.Process``: ``Start`` (with or without ``pty``) and ``Connect`` (server streams), ``List``,
+  ``SendInput``, ``StreamInput``, ``SendSignal`` (SIGKILL, SIGTERM), ``CloseStdin``, ``Update`` (a PTY's size);
+  see :mod:`corral.api.e2b._processes` for how pids, signals, stdin and PTYs are built on the provider contract.
+* ``filesystem.Filesystem``: ``Stat``, ``MakeDir``, ``Move``, ``ListDir`` (with ``depth``), ``Remove``. Entries
+  carry what envd's do: owner and group names, Go's permission string, the permission bits, the modification time
+  and the metadata; a symlink is reported with its target's type and permission bits and the resolved target path
+  (``symlinkTarget``). gVisor has no xattrs, so metadata lives in a mirror tree inside the sandbox: see
+  :mod:`corral.api.e2b._metadata` for where, and how it follows moves and removals. Directory watches:
+  ``WatchDir`` (stream) and ``CreateWatcher``/``GetWatcherEvents``/``RemoveWatcher`` (polled), with ``recursive`` and
+  ``include_entry``, on the guest agent's inotify; see :mod:`corral.api.e2b._watches` (``allow_network_mounts`` is
+  accepted and changes nothing: a workspace has no network mounts).
 
-Not served (the SDK gets ``unimplemented``): PTYs (``Start`` with ``pty``, ``Update``), directory watching
-(``WatchDir``, ``CreateWatcher``...) and file metadata. The ``user`` the SDK names is ignored:
-commands run as the image's user. The home directory, where relative paths, ``~`` and a command without ``cwd``
-start, is ``/workspace``.
+Commands, terminals and file calls act as the ``user`` the SDK names (E2B's default,
+``user``, when it names none): commands run as that user with its HOME, USER and LOGNAME, uploaded files belong to it,
+and relative paths, ``~`` and a command without ``cwd`` start at its home (``/home/user``; ``/root`` for root).
 
 A sandbox that is paused, killed or unknown answers HTTP 502 "The sandbox ... was not found", as E2B's edge proxy
 does, which the SDK reports as ``SandboxNotRunningException``. The exception is a sandbox created with
@@ -33,12 +41,9 @@ import hashlib
 import hmac
 import posixpath
 import signal as signals
-import stat as statlib
 import time
-import zlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -59,9 +64,13 @@ from corral.api.e2b._connect import (
     timeout_from_headers,
     unary_error,
 )
+from corral.api.e2b._encoding import GZIP, content_type, gunzip, gzip_stream, request_encoding, response_encoding
+from corral.api.e2b._entries import EntryReader, both
+from corral.api.e2b._metadata import metadata_from_headers
 from corral.api.e2b._multipart import boundary_of, read_parts
 from corral.api.e2b._processes import Event, stream_events
 from corral.api.e2b._state import E2BState
+from corral.api.e2b._watches import EVENT_TYPES, Watcher
 from corral.api.e2b.control import get_state
 from corral.errors import (
     CorralError,
@@ -75,15 +84,14 @@ from corral.errors import (
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, FileInfo, WorkspaceCalls, check_path
+from corral.providers.base import DirEvent, ExecMode, ExecRequest, WorkspaceCalls, check_path
 from corral.streams import relay
 
 __all__ = ["envd_router", "signed_files_router"]
 
-HOME = WORKSPACE_ROOT
+DEFAULT_USER = "user"
+HOME = "/home/user"
 _GONE = (WorkspaceNotFoundError, WorkspaceDestroyedError, WorkspaceStateError)
-_FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
-_TYPE_BITS = {"file": statlib.S_IFREG, "dir": statlib.S_IFDIR, "symlink": statlib.S_IFLNK}
 _SIGNALS: dict[object, int] = {
     "SIGNAL_SIGKILL": signals.SIGKILL,
     "SIGNAL_SIGTERM": signals.SIGTERM,
@@ -118,6 +126,11 @@ class _Sandbox:
     id: str
     provider: WorkspaceCalls
 
+    @property
+    def entries(self) -> EntryReader:
+        """envd's view of this sandbox's files: entries as envd reports them, and their metadata."""
+        return EntryReader(self.provider, self.id)
+
 
 async def _sandbox(request: Request, *, signed: bool = False) -> _Sandbox:
     """Authenticate the request and resolve the sandbox it names to a running workspace's provider.
@@ -130,18 +143,20 @@ async def _sandbox(request: Request, *, signed: bool = False) -> _Sandbox:
     signature = request.query_params.get("signature")
     if not sandbox_id and signed and signature:
         sandbox_id = await _signer(state, request, signature)
+    elif not sandbox_id and signed:
+        raise _EnvdError(401, "missing signature query parameter")
     elif not sandbox_id:
         raise _EnvdError(400, "the E2b-Sandbox-Id header is required (the SDK sends it when E2B_SANDBOX_URL is set)")
     else:
         token = request.headers.get("x-access-token")
         key = request.headers.get("x-api-key")
         if not ((token and state.token_matches(sandbox_id, token)) or (key and state.api_key_matches(key))):
-            raise _EnvdError(401, "missing or wrong X-Access-Token for this sandbox")
-    try:
-        await state.service.ensure_ready(sandbox_id)
-    except _GONE:
-        if not await state.auto_resume(sandbox_id):  # E2B's autoResume: traffic wakes a sandbox paused with memory
-            raise _gone(sandbox_id) from None
+            raise _EnvdError(
+                401, "unauthorized access, please provide a valid access token or method signing if supported"
+            )
+    # Killed, past its deadline (even while the kill runs), paused or unknown: gone. autoResume wakes a paused one.
+    if not await state.admit(sandbox_id):
+        raise _gone(sandbox_id)
     return _Sandbox(state, sandbox_id, state.service.runtime)
 
 
@@ -152,8 +167,6 @@ async def _signer(state: E2BState, request: Request, signature: str) -> str:
         expiration = int(raw_expiration) if raw_expiration else None
     except ValueError:
         raise _EnvdError(400, "signature_expiration: must be a Unix timestamp") from None
-    if expiration is not None and expiration < time.time():
-        raise _EnvdError(401, "the signed URL has expired")
     operation = "read" if request.method == "GET" else "write"
     base = f"{request.query_params.get('path', '')}:{operation}:{request.query_params.get('username', '')}"
     suffix = f":{expiration}" if expiration is not None else ""
@@ -161,8 +174,11 @@ async def _signer(state: E2BState, request: Request, signature: str) -> str:
         raw = f"{base}:{state.access_token(record.id)}{suffix}"
         digest = base64.b64encode(hashlib.sha256(raw.encode()).digest()).rstrip(b"=").decode()
         if hmac.compare_digest(f"v1_{digest}".encode(), signature.encode()):
+            # envd's words and order: the signature first, then its expiration
+            if expiration is not None and expiration < time.time():
+                raise _EnvdError(401, "signature is already expired")
             return record.id
-    raise _EnvdError(401, "the URL signature matches no running sandbox")
+    raise _EnvdError(401, "invalid signature")
 
 
 def _http_error(exc: CorralError, sandbox_id: str) -> _EnvdError:
@@ -215,40 +231,34 @@ class _EnvdRoute(APIRoute):
 # --- paths and entries --------------------------------------------------------------------------------------------
 
 
-def _path(raw: object, *, name: str = "path") -> str:
-    """An absolute sandbox path: relative paths and ``~`` start at the home directory (``/workspace``)."""
+def _user(request: Request) -> str:
+    """The user an envd call acts as: the RPCs name it in ``Authorization: Basic base64(user:)``, the file routes
+    in ``username``; E2B's default is ``user``."""
+    name = request.query_params.get("username")
+    auth = request.headers.get("authorization", "")
+    if not name and auth[:6].lower() == "basic ":
+        with contextlib.suppress(ValueError):
+            name = base64.b64decode(auth[6:], validate=True).decode().partition(":")[0]
+    return name or DEFAULT_USER
+
+
+def _home(user: str) -> str:
+    """The user's home, where relative paths, ``~`` and a command without cwd start (E2B's layout)."""
+    return "/root" if user == "root" else f"/home/{user}"
+
+
+def _path(raw: object, *, name: str = "path", home: str = HOME) -> str:
+    """An absolute sandbox path: relative paths and ``~`` start at ``home`` (the caller's user's)."""
     if not isinstance(raw, str) or not raw:
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, f"{name}: a path is required")
     if raw == "~" or raw.startswith("~/"):
-        raw = HOME + raw[1:]
+        raw = home + raw[1:]
+    elif not raw.startswith("/"):
+        raw = f"{home}/{raw}"
     try:
         return posixpath.normpath(check_path(raw, field_name=name))
     except InvalidRequestError as exc:
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, exc.message) from None
-
-
-def _timestamp(mtime: float) -> str:
-    moment = datetime.fromtimestamp(mtime, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond:06d}Z"
-
-
-def entry_json(info: FileInfo) -> dict[str, Any]:
-    """``filesystem.EntryInfo`` of a path (owner and group are not known to the provider contract)."""
-    entry: dict[str, Any] = {
-        "name": info.name,
-        "type": _FILE_TYPES.get(info.type, "FILE_TYPE_UNSPECIFIED"),
-        "path": info.path,
-        "size": str(info.size),
-        "mode": info.mode,
-        "permissions": statlib.filemode(_TYPE_BITS.get(info.type, 0) | info.mode),
-        "owner": "",
-        "group": "",
-        "modifiedTime": _timestamp(info.mtime),
-    }
-    if info.type == "symlink":
-        entry["symlinkTarget"] = info.symlink_target or ""
-        entry["isSymlink"] = True
-    return entry
 
 
 # --- RPC plumbing -------------------------------------------------------------------------------------------------
@@ -318,12 +328,24 @@ class _StartRequest:
     cwd: str | None
     tag: str | None
     stdin: bool
+    pty: tuple[int, int] | None
+    """Rows and columns of the PTY to start the command on."""
+
+
+def _pty_size(pty: object) -> tuple[int, int]:
+    """``process.PTY``'s size as (rows, cols), checked."""
+    size = field(pty, "size") if isinstance(pty, Mapping) else None
+    if not isinstance(size, Mapping):
+        raise ConnectError(ConnectCode.INVALID_ARGUMENT, "pty.size: required")
+    rows, cols = size.get("rows", 0), size.get("cols", 0)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535 for v in (rows, cols)):
+        raise ConnectError(ConnectCode.INVALID_ARGUMENT, f"pty.size: rows and cols between 1 and 65535, got {size}")
+    return rows, cols
 
 
 def _parse_start(message: Mapping[str, Any]) -> _StartRequest:
     """``process.StartRequest``, checked."""
-    if field(message, "pty"):
-        raise ConnectError(ConnectCode.UNIMPLEMENTED, "PTYs are not supported by Corral; run commands without pty")
+    pty = field(message, "pty")
     config = field(message, "process") or {}
     cmd = field(config, "cmd")
     if not isinstance(cmd, str) or not cmd:
@@ -336,6 +358,7 @@ def _parse_start(message: Mapping[str, Any]) -> _StartRequest:
         cwd=cwd if isinstance(cwd, str) and cwd else None,
         tag=tag if isinstance(tag, str) else None,
         stdin=bool(field(message, "stdin")),
+        pty=None if pty is None else _pty_size(pty),
     )
 
 
@@ -343,19 +366,27 @@ async def _start(request: Request) -> Response:
     try:
         sandbox = await _sandbox(request)
         start = _parse_start(await _first_message(request))
-        process, subscriber = sandbox.state.processes.start(
-            sandbox.id,
-            sandbox.provider,
-            cmd=start.cmd,
-            args=start.args,
-            envs=start.envs,
-            base_env=await sandbox.state.envs(sandbox.id),
-            cwd=start.cwd,
-            workdir=_path(start.cwd, name="process.cwd") if start.cwd else HOME,
-            tag=start.tag,
-            stdin=start.stdin,
-            deadline_s=timeout_from_headers(request.headers),
-        )
+        user = _user(request)
+        home = _home(user)
+        common: dict[str, Any] = {
+            "cmd": start.cmd,
+            "args": start.args,
+            "envs": start.envs,
+            "base_env": await sandbox.state.envs(sandbox.id),
+            "cwd": start.cwd,
+            "workdir": _path(start.cwd, name="process.cwd", home=home) if start.cwd else home,
+            "user": user,
+            "tag": start.tag,
+            "deadline_s": timeout_from_headers(request.headers),
+        }
+        processes = sandbox.state.processes
+        if start.pty is not None:
+            rows, cols = start.pty
+            process, subscriber = await processes.start_pty(
+                sandbox.id, sandbox.provider, rows=rows, cols=cols, **common
+            )
+        else:
+            process, subscriber = processes.start(sandbox.id, sandbox.provider, stdin=start.stdin, **common)
     except _EnvdError as exc:
         return exc.response()
     except ConnectError as exc:
@@ -397,7 +428,7 @@ def _stdin_bytes(value: object) -> bytes:
     if not isinstance(value, Mapping):
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, "input: required")
     if "pty" in value:
-        raise ConnectError(ConnectCode.UNIMPLEMENTED, "PTY input is not supported by Corral")
+        return b64decode(value.get("pty", ""), field="input.pty")
     return b64decode(value.get("stdin", ""), field="input.stdin")
 
 
@@ -407,6 +438,14 @@ async def _send_signal(sandbox: _Sandbox, message: dict[str, Any], request: Requ
     if signum is None:
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, "signal: SIGNAL_SIGKILL or SIGNAL_SIGTERM")
     await sandbox.state.processes.signal(process, sandbox.provider, signum)
+    return {}
+
+
+async def _update(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
+    process = sandbox.state.processes.find(sandbox.id, field(message, "process"))
+    pty = field(message, "pty")
+    if pty is not None:
+        await sandbox.state.processes.resize(process, *_pty_size(pty))
     return {}
 
 
@@ -450,67 +489,145 @@ async def _stream_input(request: Request) -> Response:
 
 
 async def _stat(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    info = await sandbox.provider.stat(sandbox.id, _path(field(message, "path")))
-    return {"entry": entry_json(info)}
+    entry = await sandbox.entries.stat(_path(field(message, "path"), home=_home(_user(request))))
+    return {"entry": entry.to_json()}
+
+
+_MAKE_DIR = r"""p=$1; u=$2; set --; d=$p
+while [ ! -d "$d" ]; do set -- "$d" "$@"; d=$(dirname -- "$d"); done
+mkdir -p -- "$p" && { [ $# -eq 0 ] || chown -h -- "$u:" "$@"; }"""
+"""``mkdir -p`` of $1 whose new directories (collected before, as arguments) are then given to the user $2."""
 
 
 async def _make_dir(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    path = _path(field(message, "path"))
+    path = _path(field(message, "path"), home=_home(_user(request)))
     try:
         existing = await sandbox.provider.stat(sandbox.id, path)
     except WorkspaceFileNotFoundError:
         existing = None
     if existing is not None:
         if existing.type == "dir":
-            raise ConnectError(ConnectCode.ALREADY_EXISTS, f"directory {path} already exists")
-        raise ConnectError(ConnectCode.INVALID_ARGUMENT, f"path {path} already exists and is not a directory")
+            raise ConnectError(ConnectCode.ALREADY_EXISTS, f"directory already exists: {path}")
+        raise ConnectError(ConnectCode.INVALID_ARGUMENT, f"path already exists but it is not a directory: {path}")
+    # As envd: made by root, and every directory it creates given to the caller's user.
+    owner = _user(request)
     result = await sandbox.provider.exec(
-        sandbox.id, ExecRequest("mkdir", ("-p", "--", path), mode=ExecMode.ARGV, cwd="/", timeout_s=60)
+        sandbox.id,
+        ExecRequest("/bin/sh", ("-c", _MAKE_DIR, "sh", path, owner), mode=ExecMode.ARGV, cwd="/", timeout_s=60),
     )
     if result.exit_code != 0:
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, result.stderr.decode(errors="replace").strip())
-    return {"entry": entry_json(await sandbox.provider.stat(sandbox.id, path))}
+    # envd answers MakeDir with these three fields only.
+    return {"entry": {"name": posixpath.basename(path) or "/", "type": "FILE_TYPE_DIRECTORY", "path": path}}
 
 
 async def _move(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    source = _path(field(message, "source"), name="source")
-    destination = _path(field(message, "destination"), name="destination")
+    source = _path(field(message, "source"), name="source", home=_home(_user(request)))
+    destination = _path(field(message, "destination"), name="destination", home=_home(_user(request)))
     await sandbox.provider.move(sandbox.id, source, destination)
-    return {"entry": entry_json(await sandbox.provider.stat(sandbox.id, destination))}
+    info = await sandbox.provider.stat(sandbox.id, destination)
+    await sandbox.entries.metadata.moved(source, destination, directory=info.type == "dir")
+    return {"entry": (await sandbox.entries.complete(info)).to_json()}
 
 
 async def _list_dir(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    path = _path(field(message, "path"))
-    depth = field(message, "depth") or 1
+    path = _path(field(message, "path"), home=_home(_user(request)))
+    depth = field(message, "depth") or 1  # envd: 0 (the default) means 1
     if not isinstance(depth, int) or depth < 1:
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, "depth: must be at least 1")
-    root = await sandbox.provider.stat(sandbox.id, path)
-    if root.type != "dir":
-        raise ConnectError(ConnectCode.INVALID_ARGUMENT, f"path {path} is not a directory")
-    entries: list[dict[str, Any]] = []
-
-    async def walk(directory: str, left: int) -> None:
-        for info in await sandbox.provider.list_dir(sandbox.id, directory):
-            entries.append(entry_json(info))
-            if info.type == "dir" and left > 1:
-                await walk(info.path, left - 1)
-
-    await walk(path, depth)
-    return {"entries": entries}
+    return {"entries": [entry.to_json() for entry in await sandbox.entries.listing(path, depth)]}
 
 
 async def _remove(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    path = _path(field(message, "path"))
+    path = _path(field(message, "path"), home=_home(_user(request)))
     if path == "/":
         raise ConnectError(ConnectCode.INVALID_ARGUMENT, "refusing to remove /")
     with contextlib.suppress(WorkspaceFileNotFoundError):  # envd uses os.RemoveAll: a missing path is fine
         await sandbox.provider.delete(sandbox.id, path, recursive=True)
+    await sandbox.entries.metadata.removed(path)
     return {}
 
 
-async def _unimplemented(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
-    method = request.url.path.rsplit("/", 1)[-1]
-    raise ConnectError(ConnectCode.UNIMPLEMENTED, f"{method} is not supported by Corral's envd")
+# --- directory watches (see corral.api.e2b._watches) ------------------------------------------------------------
+
+
+def _watch_request(message: Mapping[str, Any], request: Request) -> tuple[str, bool, bool]:
+    path = _path(field(message, "path"), home=_home(_user(request)))
+    return path, bool(field(message, "recursive")), bool(field(message, "includeEntry", "include_entry"))
+
+
+async def _event_json(sandbox: _Sandbox, watcher: Watcher, event: DirEvent) -> dict[str, Any]:
+    """One event as envd's ``FilesystemEvent``; with ``include_entry``, the entry when it still exists."""
+    out: dict[str, Any] = {"name": event.name, "type": EVENT_TYPES[event.type]}
+    if watcher.include_entry:
+        path = posixpath.normpath(posixpath.join(watcher.root, event.name))
+        with contextlib.suppress(WorkspaceFileNotFoundError, FileOperationError):
+            out["entry"] = (await sandbox.entries.stat(path)).to_json()
+    return out
+
+
+async def _create_watcher(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
+    path, recursive, include_entry = _watch_request(message, request)
+    watcher = await sandbox.state.watches.open(sandbox.id, sandbox.provider, path, recursive=recursive)
+    watcher.include_entry = include_entry
+    return {"watcherId": watcher.id}
+
+
+async def _get_watcher_events(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
+    watcher = sandbox.state.watches.find(sandbox.id, field(message, "watcherId", "watcher_id"))
+    events = watcher.take()
+    if not events and watcher.error is not None:
+        raise watcher.error
+    return {"events": [await _event_json(sandbox, watcher, event) for event in events]}
+
+
+async def _remove_watcher(sandbox: _Sandbox, message: dict[str, Any], request: Request) -> dict[str, Any]:
+    watcher = sandbox.state.watches.find(sandbox.id, field(message, "watcherId", "watcher_id"))
+    await sandbox.state.watches.remove(watcher)
+    return {}
+
+
+async def _watch_dir(request: Request) -> Response:
+    """``WatchDir``: a start event, then events as they happen (keepalives while quiet), until the call's deadline,
+    the client leaving, or the sandbox's end (an error)."""
+    try:
+        sandbox = await _sandbox(request)
+        deadline = timeout_from_headers(request.headers)
+        path, recursive, include_entry = _watch_request(await _first_message(request), request)
+        watcher = await sandbox.state.watches.open(sandbox.id, sandbox.provider, path, recursive=recursive)
+    except _EnvdError as exc:
+        return exc.response()
+    except ConnectError as exc:
+        return _stream_error(exc)
+    except CorralError as exc:
+        if isinstance(exc, _GONE):
+            return _gone(request.headers.get("e2b-sandbox-id", "")).response()
+        return _stream_error(_rpc_error(exc))
+    watcher.include_entry = include_entry
+    keepalive = _keepalive(request)
+    end_at = None if deadline is None else time.monotonic() + deadline
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield envelope({"start": {}})
+            while True:
+                left = keepalive if end_at is None else min(keepalive, end_at - time.monotonic())
+                if left <= 0:
+                    yield end_of_stream(ConnectError(ConnectCode.DEADLINE_EXCEEDED, "the watch reached its timeout"))
+                    return
+                await watcher.wait(left)
+                events = watcher.take()
+                for event in events:
+                    yield envelope({"filesystem": await _event_json(sandbox, watcher, event)})
+                if watcher.ended:
+                    yield end_of_stream(watcher.error)
+                    return
+                if not events and (end_at is None or time.monotonic() < end_at):
+                    yield envelope({"keepalive": {}})
+        finally:
+            await sandbox.state.watches.remove(watcher)
+
+    return StreamingResponse(body(), media_type=STREAM_CONTENT_TYPE)
 
 
 _PROCESS_UNARY: dict[str, Unary] = {
@@ -518,7 +635,7 @@ _PROCESS_UNARY: dict[str, Unary] = {
     "SendInput": _send_input,
     "SendSignal": _send_signal,
     "CloseStdin": _close_stdin,
-    "Update": _unimplemented,
+    "Update": _update,
 }
 _FILESYSTEM_UNARY: dict[str, Unary] = {
     "Stat": _stat,
@@ -526,42 +643,18 @@ _FILESYSTEM_UNARY: dict[str, Unary] = {
     "Move": _move,
     "ListDir": _list_dir,
     "Remove": _remove,
-    "CreateWatcher": _unimplemented,
-    "GetWatcherEvents": _unimplemented,
-    "RemoveWatcher": _unimplemented,
+    "CreateWatcher": _create_watcher,
+    "GetWatcherEvents": _get_watcher_events,
+    "RemoveWatcher": _remove_watcher,
 }
 
 
 # --- files ----------------------------------------------------------------------------------------------------------
 
 
-async def _gunzip(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Inflate a gzip body in pieces of at most 1 MiB: a small bomb never becomes one large allocation."""
-    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    piece = 1024 * 1024
-    async for chunk in chunks:
-        data = chunk
-        while data:
-            try:
-                out = decompressor.decompress(data, piece)
-            except zlib.error as exc:
-                raise InvalidRequestError(f"the gzip body is corrupt: {exc}") from None
-            if out:
-                yield out
-            data = decompressor.unconsumed_tail
-    while tail := decompressor.flush(piece):
-        yield tail
-        if decompressor.eof:
-            break
-
-
-def _written(path: str) -> dict[str, str]:
-    return {"name": posixpath.basename(path), "type": "file", "path": path}
-
-
-def _file_path(raw: str | None) -> str:
+def _file_path(raw: str | None, user: str) -> str:
     try:
-        return _path(raw)
+        return _path(raw, home=_home(user))
     except ConnectError as exc:
         raise _EnvdError(400, exc.message) from None
 
@@ -573,37 +666,94 @@ async def health(request: Request) -> Response:
 
 
 async def download(request: Request) -> StreamingResponse:
-    """A file's bytes, streamed (``path`` relative to /workspace unless absolute; ``username`` is ignored)."""
+    """A file's bytes, streamed, gzipped when ``Accept-Encoding`` asks (``path`` relative to the home of ``username``
+    unless absolute)."""
     sandbox = await _sandbox(request, signed=True)
-    path = _file_path(request.query_params.get("path"))
-    chunks = await sandbox.provider.read_file(sandbox.id, path)
-    return StreamingResponse(relay(chunks), media_type="application/octet-stream")
+    path = _file_path(request.query_params.get("path"), _user(request))
+    try:
+        chunks = await sandbox.provider.read_file(sandbox.id, path)
+    except WorkspaceFileNotFoundError:
+        raise _EnvdError(404, f"path '{path}' does not exist") from None
+    except FileOperationError as exc:
+        if exc.details.get("kind") == "is_a_directory":
+            raise _EnvdError(400, f"path '{path}' is a directory") from None
+        raise
+    try:
+        encoding = response_encoding(request.headers.get("accept-encoding"))
+    except InvalidRequestError:
+        await chunks.aclose()
+        raise
+    headers = {"Vary": "Accept-Encoding"}  # as envd: caches keep one variant per Accept-Encoding
+    body: AsyncIterator[bytes] = relay(chunks)
+    if encoding == GZIP:
+        headers["Content-Encoding"] = GZIP
+        body = gzip_stream(body)
+    return StreamingResponse(body, media_type=content_type(path), headers=headers)
+
+
+def _written(path: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+    """envd's answer for one uploaded file; ``metadata`` only when the file has some."""
+    entry: dict[str, Any] = {"name": posixpath.basename(path), "type": "file", "path": path}
+    if metadata:
+        entry["metadata"] = dict(metadata)
+    return entry
+
+
+async def _store(
+    sandbox: _Sandbox, path: str, body: AsyncIterator[bytes], metadata: Mapping[str, str], owner: str
+) -> None:
+    """Write one uploaded file as ``owner`` and replace its metadata (an upload without any clears it, as envd
+    rewrites it)."""
+    await sandbox.provider.write_file(sandbox.id, path, body, owner=owner)
+    # The metadata belongs to the file written, which is a symlink's target when ``path`` is a symlink. Clearing (the
+    # common case) starts at ``path`` alongside the lookup, so a file that is no symlink costs one round trip.
+    store = sandbox.entries.metadata
+    if metadata:
+        await store.write(await sandbox.provider.realpath(sandbox.id, path), metadata)
+        return
+    real, _ = await both(sandbox.provider.realpath(sandbox.id, path), store.write(path, {}))
+    if real != path:
+        await store.write(real, {})
 
 
 async def upload(request: Request) -> JSONResponse:
-    """Write one file (octet-stream body) or several (multipart parts named by ``path`` or their file name)."""
+    """Write one file (octet-stream body) or several (multipart parts named by ``path`` or their file name), gzipped
+    or not; ``X-Metadata-<key>`` headers set every written file's metadata."""
     sandbox = await _sandbox(request, signed=True)
-    if any(h.lower().startswith("x-metadata-") for h in request.headers):
-        raise _EnvdError(400, "file metadata is not supported by Corral")
-    content_type = request.headers.get("content-type", "application/octet-stream")
+    metadata = metadata_from_headers(request.headers.raw)
+    body: AsyncIterator[bytes] = request.stream()
+    if request_encoding(request.headers.get("content-encoding")) == GZIP:
+        body = gunzip(body)
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.partition(";")[0].strip().lower()
     query_path = request.query_params.get("path")
-    written: list[dict[str, str]] = []
-    if content_type.lower().startswith("multipart/form-data"):
-        async for part in read_parts(request.stream(), boundary_of(content_type)):
+    user = _user(request)
+    written: list[dict[str, Any]] = []
+    if media_type.startswith("multipart/"):
+        async for part in read_parts(body, boundary_of(content_type)):
             if part.name != "file":
                 continue
-            path = _file_path(query_path if query_path and not written else part.filename)
-            await sandbox.provider.write_file(sandbox.id, path, part.body)
-            written.append(_written(path))
+            path = _file_path(query_path if query_path and not written else part.filename, user)
+            if any(entry["path"] == path for entry in written):
+                raise _EnvdError(
+                    400,
+                    f"you cannot upload multiple files to the same path '{path}' in one upload request, "
+                    "only the first specified file was uploaded",
+                )
+            await _store(sandbox, path, part.body, metadata, user)
+            written.append(_written(path, metadata))
         if not written:
             raise _EnvdError(400, "the multipart body has no part named 'file'")
         return JSONResponse(written)
-    path = _file_path(query_path)
-    body: AsyncIterator[bytes] = request.stream()
-    if request.headers.get("content-encoding", "").lower() == "gzip":
-        body = _gunzip(body)
-    await sandbox.provider.write_file(sandbox.id, path, body)
-    return JSONResponse([_written(path)])
+    if media_type != "application/octet-stream":
+        raise _EnvdError(
+            400, f"unsupported content type: {content_type}, expected multipart/form-data or application/octet-stream"
+        )
+    if not query_path:
+        raise _EnvdError(400, "path query parameter is required for raw body upload")
+    path = _file_path(query_path, user)
+    await _store(sandbox, path, body, metadata, user)
+    return JSONResponse([_written(path, metadata)])
 
 
 async def process_rpc(method: str, request: Request) -> Response:
@@ -620,7 +770,7 @@ async def process_rpc(method: str, request: Request) -> Response:
 async def filesystem_rpc(method: str, request: Request) -> Response:
     """envd's filesystem service (Connect protocol, JSON)."""
     if method == "WatchDir":
-        return _stream_error(ConnectError(ConnectCode.UNIMPLEMENTED, "WatchDir is not supported by Corral"))
+        return await _watch_dir(request)
     handler = _FILESYSTEM_UNARY.get(method)
     if handler is None:
         message = f"filesystem.Filesystem/{method} does not exist"

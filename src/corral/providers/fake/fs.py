@@ -23,6 +23,7 @@ CHUNK_SIZE = 64 * 1024
 _TMP = "/tmp"  # noqa: S108 - the sandbox's own /tmp, which the fake keeps in memory
 _UNDELETABLE = frozenset({"/", WORKSPACE_ROOT, _TMP})  # mount points: a real rm fails with EBUSY
 _MAX_SYMLINK_HOPS = 40  # Linux's limit
+_HOMES = {"/root": 0o700, "/home": 0o755, "/home/user": 0o755}
 
 
 def normalize(path: str, cwd: str = WORKSPACE_ROOT) -> str:
@@ -68,6 +69,8 @@ class FileSystem:
         now = time.time()
         self.files: dict[str, _File] = {}
         self.dirs: dict[str, _Dir] = {"/": _Dir(0o755, now), WORKSPACE_ROOT: _Dir(0o755, now), _TMP: _Dir(0o1777, now)}
+        # The homes of the base image's users (root and E2B's ``user``), where E2B commands start.
+        self.dirs |= {home: _Dir(mode, now) for home, mode in _HOMES.items()}
         self.links: dict[str, str] = {}  # symlink path -> target, as given to ``ln -s``
 
     def resolve(self, path: str, *, follow: bool = True, beneath: str | None = None) -> str:

@@ -54,7 +54,22 @@ from corral.providers.fake.shell import Exit, Killed, Shell
 __all__ = ["FakeProvider"]
 
 _BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"}
+# The users of the fake's image, as in corral/workspace:base: name -> home and shell (uid/gid are not modelled).
+_USERS = {"root": ("/root", "/bin/bash"), "user": ("/home/user", "/bin/bash")}
 _KILLED_EXIT_CODE = 137  # 128 + SIGKILL, what a runtime reports for a process killed by stop or destroy
+
+
+def _user_env(user: str | None, *, field_name: str = "user") -> dict[str, str]:
+    """What the agent sets for a command run as ``user``; an unknown user raises as the agent does."""
+    if user is None:
+        return {}
+    if user not in _USERS:
+        raise InvalidRequestError(
+            f"{field_name}: user {user!r} does not exist in this workspace (no such entry in /etc/passwd)",
+            details={"field": field_name},
+        )
+    home, shell = _USERS[user]
+    return {"HOME": home, "USER": user, "LOGNAME": user, "SHELL": shell}
 
 
 def _as(info: FileInfo, path: str) -> FileInfo:
@@ -332,7 +347,7 @@ class FakeProvider:
     async def _interpret(self, workspace: _Workspace, request: ExecRequest) -> AsyncGenerator[ExecEvent, None]:
         start = time.monotonic()
         pending: list[ExecOutput] = []
-        env = {**_BASE_ENV, **workspace.spec.env, **request.env}
+        env = {**_BASE_ENV, **workspace.spec.env, **_user_env(request.user), **request.env}
         cwd = workspace.fs.resolve(normalize(request.cwd))
         shell = Shell(workspace.fs, env=env, cwd=cwd, halt=workspace.halt, pending=pending)
         argv = request.argv()
@@ -372,9 +387,12 @@ class FakeProvider:
         *,
         mode: int | None = None,
         beneath: str | None = None,
+        owner: str | None = None,
     ) -> int:
-        """Store the content (collected from the iterable if need be) once it is complete."""
+        """Store the content (collected from the iterable if need be) once it is complete; ``owner`` must be one of
+        the image's users (ownership itself is not modelled)."""
         self.calls.append(("write_file", workspace_id))
+        _user_env(owner, field_name="owner")
         target = self._running(workspace_id).fs.resolve(normalize(check_path(path)), beneath=beneath)
         if isinstance(data, bytes | bytearray | memoryview):
             content = bytes(data)
