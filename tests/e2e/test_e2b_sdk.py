@@ -672,7 +672,7 @@ def test_on_timeout_pause_and_auto_resume(e2b_server: Server, tmp_path: Path) ->
 
 def test_sdk_raises_its_own_exceptions(e2b_server: Server, tmp_path: Path) -> None:
     """Errors reach the SDK in E2B's shape, so it raises its own exceptions (never KeyError): unknown sandboxes,
-    a bad API key, a bad next token and a timeout over 24 h."""
+    a bad API key, a bad next token, a timeout over 24 h and the MCP gateway."""
     report = run_user_script(
         e2b_server,
         tmp_path,
@@ -696,6 +696,7 @@ def test_sdk_raises_its_own_exceptions(e2b_server: Server, tmp_path: Path) -> No
             "bad_key": outcome(lambda: Sandbox.list(api_key="wrong-key").next_items()),
             "bad_token": outcome(lambda: Sandbox.list(next_token="not-a-token").next_items()),
             "too_long": outcome(lambda: Sandbox.create(timeout=25 * 3600)),
+            "mcp": outcome(lambda: Sandbox.create(mcp={"exa": {"apiKey": "k"}})),
         }))
         """,
     )
@@ -705,3 +706,5 @@ def test_sdk_raises_its_own_exceptions(e2b_server: Server, tmp_path: Path) -> No
     assert report["bad_key"][0] == "AuthenticationException"
     assert report["bad_token"][0] == "SandboxException" and "Invalid next token" in report["bad_token"][1]
     assert report["too_long"][0] == "SandboxException" and "cannot be greater than 24 hours" in report["too_long"][1]
+    # The MCP gateway pulls server images from registries: refused, saying why and what to do instead.
+    assert report["mcp"][0] == "SandboxException" and "never pulls from registries" in report["mcp"][1]

@@ -312,14 +312,23 @@ async def _running(state: E2BState, sandbox_id: str) -> WorkspaceRecord:
     return record
 
 
+MCP_GATEWAY_TEMPLATE = "mcp-gateway"
+"""The template the SDK picks for ``Sandbox.create(mcp=...)``."""
+MCP_GATEWAY_REFUSED = (
+    "mcp: the MCP gateway is not supported by Corral: it pulls each MCP server's image from a registry, and Corral "
+    "never pulls from registries. Run the MCP servers inside the sandbox yourself (commands.run), or serve tools "
+    "through a Corral agent type (`corral mcp --agent-type ID`)"
+)
+
+
 async def _create(request: Request, default_timeout: int) -> JSONResponse:
     state = get_state(request)
     body = await _body(request)
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise _invalid_body('doesn\'t match schema: property "templateID" is missing')
-    if body.get("mcp"):
-        raise E2BApiError(400, "mcp: MCP gateways are not supported by Corral")
+    if body.get("mcp") or template == MCP_GATEWAY_TEMPLATE:
+        raise E2BApiError(400, MCP_GATEWAY_REFUSED)
     if body.get("volumeMounts"):
         raise E2BApiError(400, "volumeMounts: volumes are not supported by Corral")
     timeout = _timeout(body, default_timeout)
