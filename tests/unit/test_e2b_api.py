@@ -463,3 +463,23 @@ async def test_gzip_both_ways(client: httpx.AsyncClient) -> None:
     unknown = await _upload(client, sandbox, "/home/user/x.bin", b"x", **{"Content-Encoding": "br"})
     assert (unknown.status_code, unknown.json()["code"]) == (400, 400)
     assert "unsupported Content-Encoding: br" in unknown.json()["message"]
+
+
+async def test_a_signed_url_acts_only_as_the_user_it_was_signed_for(client: httpx.AsyncClient) -> None:
+    """A header added to a signed file URL cannot pick the user (and with it the home relative paths resolve in):
+    the review's ``Authorization: Basic ../../etc:`` turned ``shadow`` into /etc/shadow. User names that are not
+    names ('..', with '/', leading '-') are refused on every route."""
+    sandbox = await _create(client)
+    await _upload(client, sandbox, "/home/user/mine.txt", b"mine")
+    await _upload(client, sandbox, "/etc/mine.txt", b"not yours")
+    signed = get_signature("mine.txt", "read", None, sandbox["envdAccessToken"], 60)
+    params = {"path": "mine.txt", "signature": signed["signature"], "signature_expiration": signed["expiration"]}
+    escape = {"X-API-KEY": "", "Authorization": "Basic " + base64.b64encode(b"../../etc:").decode()}
+    answer = await client.get("/files", params=params, headers=escape)
+    assert (answer.status_code, answer.content) == (200, b"mine")
+    for name in ("..", "../../etc", "-R", "a/b"):
+        refused = await client.get(
+            "/e2b/envd/files", params={"path": "mine.txt", "username": name}, headers=_envd(sandbox)
+        )
+        assert refused.status_code == 400, (name, refused.text)
+        assert "username" in refused.json()["message"]

@@ -17,7 +17,8 @@ import pytest
 import corral.guest.agent as agent_module
 from corral.errors import FileOperationError, WorkspaceFileNotFoundError
 from corral.guest.agent import DirWatch
-from corral.guest.client import GuestConnection, WatchBatch
+from corral.guest.client import GuestConnection, GuestProtocolError, WatchBatch, _watch_batch
+from corral.providers.agent_backed import file_info_from_json
 
 pytestmark = [pytest.mark.unit]
 
@@ -139,3 +140,35 @@ def test_pending_events_are_capped_dropping_the_oldest(tmp_path: Path) -> None:
         payload = watch.take(64 * 1024)
     assert b'"dropped":10' in payload
     assert len(payload) <= 64 * 1024
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b'{"events": [], "dropped": Infinity}',
+        b'{"events": [], "dropped": 1e309}',
+        b'{"events": [], "dropped": "3"}',
+        b"[" * 100_000,
+        b'{"events": [["a", "create"]], "dropped": NaN}',
+    ],
+)
+def test_a_hostile_watch_frame_is_a_protocol_error_and_nothing_else(payload: bytes) -> None:
+    """Frames a hostile agent can send (non-finite or non-integer counts, nesting deep enough for RecursionError)
+    raise GuestProtocolError, which ends that watch only; OverflowError and RecursionError used to escape and fail
+    the sandbox's next kill or pause."""
+    with pytest.raises(GuestProtocolError):
+        _watch_batch(payload)
+
+
+@pytest.mark.parametrize("field", ["size", "mode", "mtime"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e300, -1, "7", True])
+def test_a_hostile_file_entry_is_refused(field: str, value: object) -> None:
+    """Non-finite, huge, negative or non-numeric sizes, modes and times from the agent are refused as bad entries
+    (ValueError, which the provider turns into a protocol error), never an OverflowError deeper in."""
+    raw: dict[str, object] = {"path": "/a", "name": "a", "type": "file", "size": 1, "mode": 0o644, "mtime": 1.5}
+    raw[field] = value
+    if field == "mtime" and value == -1:
+        assert file_info_from_json(raw).mtime == -1.0  # before 1970 is a time
+        return
+    with pytest.raises(ValueError, match="expected a"):
+        file_info_from_json(raw)

@@ -526,9 +526,11 @@ def _watch_batch(payload: bytes) -> WatchBatch:
     try:
         raw = json.loads(payload)
         events = [(str(name), str(kind)) for name, kind in raw["events"] if kind in _WATCH_TYPES]
-        dropped = int(raw.get("dropped", 0))
-    except (ValueError, TypeError, KeyError) as exc:
+        dropped = raw.get("dropped", 0)
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise GuestProtocolError(f"a watch frame that is not a batch of events: {exc}") from None
+    if not isinstance(dropped, int):  # Infinity, NaN, 1e309: numbers int() cannot take, or should not
+        raise GuestProtocolError(f"a watch frame whose dropped count is not an integer: {dropped!r}")
     if any(len(name) > _MAX_WATCH_NAME for name, _ in events):
         raise GuestProtocolError(f"a watch event whose name is longer than {_MAX_WATCH_NAME} characters (PATH_MAX)")
     return events, max(0, dropped)

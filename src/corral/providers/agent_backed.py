@@ -60,6 +60,9 @@ from corral.providers.base import (
 __all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "AgentPty", "ExecGate", "file_info_from_json"]
 
 log = logging.getLogger(__name__)
+
+WATCH_LOG_INTERVAL_S = 60.0
+"""At most one "watch fell behind" line per watch this often: the agent decides how often it reports drops."""
 _T = TypeVar("_T")
 
 EXEC_GRACE_S = 15.0
@@ -98,14 +101,28 @@ def file_info_from_json(raw: dict[str, Any]) -> FileInfo:
         path=_text(raw["path"]),
         name=_text(raw["name"]),
         type=kind,
-        size=int(raw["size"]),
-        mode=int(raw["mode"]) & 0o7777,
-        mtime=float(raw["mtime"]),
+        size=_integer(raw["size"]),
+        mode=_integer(raw["mode"]) & 0o7777,
+        mtime=_timestamp(raw["mtime"]),
         symlink_target=None if target is None else _text(target),
         # Optional: an agent older than these fields (a workspace started before an upgrade) leaves them out.
         owner=None if raw.get("owner") is None else _text(raw["owner"]),
         group=None if raw.get("group") is None else _text(raw["group"]),
     )
+
+
+def _integer(value: object) -> int:
+    """A non-negative JSON integer of at most 64 bits (``int(inf)`` raises OverflowError, a float is not a size)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+        raise ValueError(f"expected a non-negative integer, got {str(value)[:30]!r}")
+    return value
+
+
+def _timestamp(value: object) -> float:
+    """A modification time: a finite number within what ``datetime`` can show (NaN and 1e300 are not times)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not -(2**34) < value < 2**35:
+        raise ValueError(f"expected a timestamp, got {str(value)[:30]!r}")
+    return float(value)
 
 
 def _text(value: object) -> str:
@@ -455,10 +472,13 @@ class AgentBackedProvider:
         return self._dir_events(workspace_id, batches)
 
     async def _dir_events(self, workspace_id: str, batches: AsyncGenerator[WatchBatch]) -> DirEventStream:
+        logged, total = 0.0, 0
         try:
             async for events, dropped in batches:
-                if dropped:
-                    log.warning("watch in workspace %s fell behind: %d events dropped", workspace_id, dropped)
+                total += dropped
+                if dropped and time.monotonic() - logged >= WATCH_LOG_INTERVAL_S:  # the workspace sets the pace
+                    logged = time.monotonic()
+                    log.warning("watch in workspace %s fell behind: %d events dropped so far", workspace_id, total)
                 for index, (name, kind) in enumerate(events):
                     yield DirEvent(name, cast("DirEventType", kind), dropped if index == 0 else 0)
         except GuestConnectionLost as exc:

@@ -175,11 +175,13 @@ class ExecRequest:
 
 
 def check_user(user: str | None, *, field_name: str = "user") -> None:
-    """Reject a user name that cannot be an /etc/passwd entry (empty, or with ``:``, a newline or a NUL)."""
-    if user is not None and (not user or any(c in user for c in ":\n\x00") or len(user) > 256):
+    """Reject a user name that cannot be an /etc/passwd entry: empty, over 256 characters, with ``:``, ``/``, a
+    newline or a NUL, starting with ``-`` or ``.`` (names become home paths and command arguments)."""
+    bad = not user or len(user) > 256 or any(c in user for c in ":/\n\x00") or user[0] in "-."
+    if user is not None and bad:
         raise InvalidRequestError(
-            f"{field_name}: must be a user name of the workspace (1-256 characters, no ':', newline or NUL), "
-            f"got {user!r}",
+            f"{field_name}: must be a user name of the workspace (1-256 characters, no ':', '/', newline or NUL, "
+            f"not starting with '-' or '.'), got {user!r}",
             details={"field": field_name},
         )
 

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import shutil
 import time
@@ -73,6 +74,8 @@ __all__ = ["DockerProvider", "volume_name"]
 log = logging.getLogger(__name__)
 
 LABEL_ID = "corral.workspace.id"
+LAYER_SIZE_MAX_AGE_S = 20.0
+"""How long a measured writable-layer size serves :meth:`DockerProvider.resource_usage` (metrics sample every 5 s)."""
 LABEL_PROVIDER = "corral.provider"
 LABEL_SPEC = "corral.spec"
 LABEL_OWNER = "corral.owner"
@@ -155,6 +158,7 @@ class DockerProvider(AgentBackedProvider):
         self._warmups: dict[str, asyncio.Task[None]] = {}
         self._dead: set[str] = set()  # containers that died since their create/resume, from the event stream
         self._expected_exits: set[str] = set()  # containers Corral itself is stopping or removing
+        self._layer_sizes: dict[str, tuple[float, int]] = {}  # workspace -> (monotonic time, writable layer bytes)
         self._settling: set[str] = set()  # checkpointed; dockerd may not have handled the exit yet (see _settle)
         self._containers: dict[str, str] = {}  # workspace id -> the id of the container started for it last
         self._generations: dict[str, int] = {}  # workspace id -> how many starts this process made for it
@@ -296,6 +300,7 @@ class DockerProvider(AgentBackedProvider):
     async def _remove_all(self, workspace_id: str) -> None:
         self._expected_exits.add(workspace_id)
         self._settling.discard(workspace_id)  # removed whatever state dockerd has it in
+        self._layer_sizes.pop(workspace_id, None)
         info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         await self._call(self.engine.remove_container(container_name(workspace_id)))
         await self._call(self.engine.remove_volume(volume_name(workspace_id)))
@@ -435,6 +440,7 @@ class DockerProvider(AgentBackedProvider):
             if not info["State"].get("Running"):
                 break
             if time.monotonic() > deadline:
+                self._settling.discard(workspace_id)  # said once; later calls see the container as dockerd does
                 raise ProviderUnavailableError(self.name, f"workspace {workspace_id} still ran 10 s after checkpoint")
             await asyncio.sleep(0.01)
         self._settling.discard(workspace_id)
@@ -515,7 +521,13 @@ class DockerProvider(AgentBackedProvider):
         the size of the container's writable layer."""
         name = container_name(workspace_id)
         try:
-            stats, layer = await asyncio.gather(self.engine.container_stats(name), self.engine.container_size(name))
+            stats = await self.engine.container_stats(name)
+            # The layer's size is a walk of the container's files on the host (inspect ?size=true), and the workspace
+            # decides how many there are: measured at most every 20 s per workspace, the last value in between.
+            measured_at, layer = self._layer_sizes.get(workspace_id, (-LAYER_SIZE_MAX_AGE_S, 0))
+            if time.monotonic() - measured_at >= LAYER_SIZE_MAX_AGE_S:
+                layer = await self.engine.container_size(name)
+                self._layer_sizes[workspace_id] = (time.monotonic(), layer)
             return dataclasses.replace(usage_from_stats(stats), layer_bytes=layer)
         except DockerAPIError as exc:
             raise self._translate(exc, workspace_id) from exc
@@ -668,7 +680,7 @@ class DockerProvider(AgentBackedProvider):
             try:
                 stream = await self.engine.exec_attached(
                     container_name(workspace_id),
-                    AGENT_COMMAND,
+                    _agent_command(info),
                     env=[
                         *agent_environment(info["Config"].get("Env") or []),
                         *(
@@ -941,3 +953,12 @@ def _runs_a_spawner(cmd: list[str]) -> bool:
     """Whether a container's main process is a spawner: this version's, or the ``agent.py --spawner`` of containers
     made before it (their read-only runtime holds the matching agent)."""
     return cmd == SPAWNER_COMMAND or "--spawner" in cmd
+
+
+def _agent_command(info: dict[str, Any]) -> list[str]:
+    """How to start the agent in this container: from its bytecode, or from ``agent.py`` where the container mounts
+    the runtime of a Corral from before agent.pyc (its container keeps that runtime for its life)."""
+    runtime = next((m.get("Source", "") for m in info.get("Mounts") or [] if m.get("Destination") == RUNTIME_MOUNT), "")
+    if not runtime or os.path.exists(os.path.join(runtime, "agent.pyc")):
+        return AGENT_COMMAND
+    return [*AGENT_COMMAND[:-1], f"{RUNTIME_MOUNT}/agent.py"]

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar, cast
 
 from corral.api.e2b._metadata import MetadataStore
-from corral.errors import FileOperationError, InvalidRequestError, WorkspaceFileNotFoundError
+from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
 from corral.providers.base import FileInfo, WorkspaceCalls
 
 __all__ = ["Entry", "EntryReader", "both", "concurrently", "go_permissions", "proto_timestamp"]
@@ -64,13 +64,25 @@ def proto_timestamp(seconds: float) -> str:
     return text + "Z"
 
 
+MAX_LISTED_ENTRIES = 100_000
+"""A ListDir answers at most this many entries (the workspace decides how many there are; the answer is in memory)."""
+CONCURRENT_CALLS = 32
+"""Provider calls :func:`concurrently` runs at once."""
+
+
 async def concurrently(calls: Iterable[Awaitable[_T]]) -> list[_T]:
     """The results of ``calls`` run at once, in order; on the first failure the others are cancelled and it is raised.
 
     (``asyncio.gather`` would leave the others running, and a ``TaskGroup`` raises an ``ExceptionGroup`` where the
     callers map single Corral errors.)
     """
-    tasks = [asyncio.ensure_future(call) for call in calls]
+    limit = asyncio.Semaphore(CONCURRENT_CALLS)  # a directory of 5,000 symlinks: not 15,000 calls at once
+
+    async def bounded(call: Awaitable[_T]) -> _T:
+        async with limit:
+            return await call
+
+    tasks = [asyncio.ensure_future(bounded(call)) for call in calls]
     try:
         return [await task for task in tasks]
     except BaseException:
@@ -188,6 +200,10 @@ class EntryReader:
             entries[entry.info.path] = entry
         for info in listed:
             out.append(entries[info.path])
+            if len(out) > MAX_LISTED_ENTRIES:
+                raise ResourceLimitError(
+                    f"the listing has more than {MAX_LISTED_ENTRIES} entries; list a smaller depth or a subdirectory"
+                )
             if info.type == "dir" and depth > 1:
                 await self._walk(info.path, depth - 1, out)
 

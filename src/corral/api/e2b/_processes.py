@@ -363,7 +363,7 @@ class ProcessRegistry:
             # may already have created for early input: make it, or take it over, for that user first.
             owned = ExecRequest(
                 command="/bin/sh",
-                args=("-c", 'mkdir -p "$1" && chown "$2:" "$1"', "sh", process.stdin_dir, str(request.user)),
+                args=("-c", 'mkdir -p -- "$1" && chown -- "$2:" "$1"', "sh", process.stdin_dir, str(request.user)),
                 mode=ExecMode.ARGV,
                 timeout_s=30,
             )

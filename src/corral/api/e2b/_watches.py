@@ -81,6 +81,9 @@ class Watcher:
             self.error = ConnectError(ConnectCode.INTERNAL, "watcher event channel closed")
         except CorralError as exc:
             self.error = ConnectError(ConnectCode.INTERNAL, f"watcher error: {exc.message}")
+        except Exception as exc:  # whatever the agent's frames make of the stream, only this watch ends
+            log.warning("watcher %s of %s ended: %s", self.id, self.sandbox_id, exc)
+            self.error = ConnectError(ConnectCode.INTERNAL, "watcher error: the workspace sent a bad event")
         finally:
             self.ended = True
             self._changed.set()
@@ -107,7 +110,7 @@ class Watcher:
         if error is not None and self.error is None:
             self.error = error
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError, Exception):  # closing must never fail a kill or a pause
             await self._task
         self.ended = True
         self._changed.set()

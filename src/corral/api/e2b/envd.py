@@ -84,7 +84,7 @@ from corral.errors import (
     WorkspaceNotFoundError,
     WorkspaceStateError,
 )
-from corral.providers.base import DirEvent, ExecMode, ExecRequest, WorkspaceCalls, check_path
+from corral.providers.base import DirEvent, ExecMode, ExecRequest, WorkspaceCalls, check_path, check_user
 from corral.streams import relay
 
 __all__ = ["envd_router", "signed_files_router"]
@@ -233,13 +233,20 @@ class _EnvdRoute(APIRoute):
 
 def _user(request: Request) -> str:
     """The user an envd call acts as: the RPCs name it in ``Authorization: Basic base64(user:)``, the file routes
-    in ``username``; E2B's default is ``user``."""
+    in ``username``; E2B's default is ``user``. A signed file URL acts only as the ``username`` it was signed for:
+    a header added to it is not covered by the signature.
+
+    Raises:
+        InvalidRequestError: the name cannot be a user (it becomes a home path and a command argument).
+    """
     name = request.query_params.get("username")
     auth = request.headers.get("authorization", "")
-    if not name and auth[:6].lower() == "basic ":
+    if not name and auth[:6].lower() == "basic " and "signature" not in request.query_params:
         with contextlib.suppress(ValueError):
             name = base64.b64decode(auth[6:], validate=True).decode().partition(":")[0]
-    return name or DEFAULT_USER
+    name = name or DEFAULT_USER
+    check_user(name, field_name="username")
+    return name
 
 
 def _home(user: str) -> str:
