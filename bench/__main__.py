@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from bench.context import FULL, QUICK, Bench, Config
+from bench.e2b import e2b_latency
 from bench.latency import Starts, cold_starts, exec_and_files, start_rows, warm_starts
 from bench.memory import idle_memory
 from bench.report import machine_info, render, write_markdown
@@ -28,7 +29,7 @@ from corral.errors import CorralError
 from corral.providers._docker_engine import DockerAPIError
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.md"
-SCENARIOS: tuple[str, ...] = ("starts", "exec", "burst", "memory", "pause", "fork", "setup")
+SCENARIOS: tuple[str, ...] = ("starts", "exec", "e2b", "burst", "memory", "pause", "fork", "setup")
 """What ``--only`` picks from, in the order they run."""
 GROUPS = {"stateful": ("pause", "fork", "setup")}
 
@@ -130,6 +131,8 @@ async def run(config: Config, out: Path, scenarios: tuple[str, ...] = SCENARIOS)
                     await _step("exec and file round trips", exec_and_files(bench, cold))
                 if {"starts", "exec"} & set(scenarios):
                     await bench.stop_server(cold)
+                if "e2b" in scenarios:
+                    await _step("E2B SDK against Corral's own API", e2b_latency(bench))
                 if "burst" in scenarios:
                     await _step(f"{config.burst} sessions at once", sessions_at_once(bench))
                 if "memory" in scenarios:

@@ -56,6 +56,7 @@ class CorralServer:
             "CORRAL_PROVIDERS": "gvisor,docker",
             "CORRAL_ALLOW_DOCKER_FALLBACK": "true",  # the latency bench measures plain docker over HTTP too
             "CORRAL_WARM_POOL_SIZE": "0",
+            "CORRAL_E2B_WARM_POOL_SIZE": "0",  # only the e2b scenario measures with E2B's pool
             "CORRAL_WARM_POOLS": "[]",
             **env,
         }

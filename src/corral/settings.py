@@ -160,6 +160,10 @@ class Settings(BaseSettings):
     """CORRAL_WARM_POOL_SIZE: warm workspaces kept for the default pool (default provider, image and limits, isolated
     network). 0 turns the default pool off."""
 
+    e2b_warm_pool_size: int = Field(2, ge=0, le=100)
+    """CORRAL_E2B_WARM_POOL_SIZE: warm workspaces kept for E2B's default sandbox (``Sandbox.create()``: the default
+    provider, image and limits, networked as E2B sandboxes are by default). 0 turns this pool off."""
+
     warm_pools: str = "[]"
     """CORRAL_WARM_POOLS: extra pools as JSON, e.g. ``[{"provider": "gvisor", "size": 2, "network": "default",
     "resource_limits": {"cpu": "1", "memory": "1G"}, "image": "corral/workspace:base"}]``."""
@@ -201,6 +205,12 @@ class Settings(BaseSettings):
 
     e2b_sandbox_timeout_s: int = Field(3600, ge=1, le=86400)
     """CORRAL_E2B_SANDBOX_TIMEOUT_S: lifetime E2B gives a sandbox before pausing it."""
+
+    sandbox_domain: str | None = None
+    """CORRAL_SANDBOX_DOMAIN: the domain of preview hosts. A request whose Host is ``{port}-{workspace id}.{domain}``
+    is proxied to that port inside the workspace (what the E2B SDK's ``get_host(port)`` names), and the E2B API
+    answers this domain as each sandbox's ``domain``. Point a wildcard DNS name (``*.{domain}``) at Corral. Unset:
+    no host routing (the path route ``/api/v1/agent/workspaces/{id}/ports/{port}/...`` still works)."""
 
     def default_limits(self) -> ResourceLimits:
         """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""

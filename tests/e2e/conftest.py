@@ -62,6 +62,7 @@ def start_server(data_dir: Path, env: dict[str, str] | None = None) -> Server:
         "CORRAL_API_TOKEN": TOKEN,
         "CORRAL_PROVIDERS": "firecracker,gvisor,docker",
         "CORRAL_WARM_POOL_SIZE": "0",
+        "CORRAL_E2B_WARM_POOL_SIZE": "0",
         **(env or {}),
     }
     with log_path.open("wb") as log:

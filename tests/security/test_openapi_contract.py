@@ -60,6 +60,7 @@ def build_app(data_dir: Path) -> FastAPI:
         providers=",".join(providers),
         allow_docker_fallback=False,
         warm_pool_size=0,
+        e2b_warm_pool_size=0,
         health_interval_s=3600,
     )
     return create_app(settings, providers=dict(providers))

@@ -43,7 +43,14 @@ async def serve(
     tmp_path: Path, providers: dict[str, FakeProvider], **settings: object
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The app over ``providers``, started, with an authenticated client."""
-    config = Settings(data_dir=tmp_path, api_token=TOKEN, providers=",".join(providers), warm_pool_size=0, **settings)  # type: ignore[arg-type]
+    config = Settings(
+        data_dir=tmp_path,
+        api_token=TOKEN,
+        providers=",".join(providers),
+        warm_pool_size=0,
+        e2b_warm_pool_size=0,
+        **settings,
+    )  # type: ignore[arg-type]
     app = create_app(config, providers=dict(providers))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

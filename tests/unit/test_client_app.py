@@ -37,7 +37,7 @@ runner = CliRunner()
 
 
 def _settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0)
+    return Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def _mounted(app: FastAPI) -> FastAPI:
 @pytest.fixture
 async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     """The app over a fake ``gvisor`` provider, with its lifespan running."""
-    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
     application = _mounted(create_app(settings, providers={"gvisor": FakeProvider("gvisor")}))
     async with application.router.lifespan_context(application):
         yield application

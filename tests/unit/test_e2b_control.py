@@ -64,7 +64,7 @@ async def fake() -> GatedFake:
 @pytest.fixture
 async def app(tmp_path: Path, fake: GatedFake) -> AsyncIterator[FastAPI]:
     """The app over the gated fake (as ``gvisor``), with its lifespan running."""
-    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
     application = create_app(settings, providers={"gvisor": fake})
     async with application.router.lifespan_context(application):
         yield application

@@ -176,7 +176,7 @@ def provider() -> MeteredFake:
 @pytest.fixture
 async def service(tmp_path: Path, provider: FakeProvider) -> AsyncIterator[WorkspaceService]:
     """A service over the provider and a SQLite file."""
-    settings = Settings(data_dir=tmp_path, providers="gvisor", warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
     store = await Store.open(settings.sqlalchemy_url())
     monitor = HealthMonitor({"gvisor": provider}, settings.health_interval_s)
     await monitor.check_all()
@@ -284,7 +284,7 @@ async def test_fresh_samples_only_when_none_is_recent(
 async def test_providers_without_counters_give_no_samples(tmp_path: Path, clocks: Clocks) -> None:
     """On a provider that cannot read CPU and memory the sampler takes nothing rather than zeros."""
     plain = FakeProvider("gvisor")
-    settings = Settings(data_dir=tmp_path, providers="gvisor", warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
     store = await Store.open(settings.sqlalchemy_url())
     try:
         monitor = HealthMonitor({"gvisor": plain}, settings.health_interval_s)
@@ -316,7 +316,7 @@ async def test_background_sampling_starts_and_stops(service: WorkspaceService, c
 @pytest.fixture
 async def app(tmp_path: Path, provider: MeteredFake) -> AsyncIterator[FastAPI]:
     """The app over the metered fake, with its lifespan running."""
-    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0)
+    settings = Settings(data_dir=tmp_path, api_token=TOKEN, providers="gvisor", warm_pool_size=0, e2b_warm_pool_size=0)
     application = create_app(settings, providers={"gvisor": provider})
     async with application.router.lifespan_context(application):
         yield application

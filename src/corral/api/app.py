@@ -29,6 +29,7 @@ from corral.api.e2b import mount_e2b
 from corral.api.errors import install_error_handlers
 from corral.api.guard import GuardLimits, RequestGuard
 from corral.api.openapi import install_openapi
+from corral.api.ports import mount_ports
 from corral.api.schemas import HealthResponse
 from corral.credentials import load_secret_box
 from corral.orchestrator.disk import DiskWatcher
@@ -157,6 +158,9 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
     app.add_middleware(
         RequestGuard, token=lambda: str(app.state.api_token), limits=GuardLimits(json=settings.max_request_body)
     )
+    # Outside even that: a preview host ({port}-{id}.{domain}) belongs to the workspace, whatever its path, and a
+    # port's bodies stream uncapped (see corral.api.ports).
+    mount_ports(app, domain=settings.sandbox_domain)
 
     @app.get("/healthz", tags=["meta"])
     async def healthz() -> HealthResponse:

@@ -68,6 +68,7 @@ __all__ = [
     "Health",
     "NetworkMode",
     "Persistence",
+    "PortDialer",
     "PtyHost",
     "PtyRequest",
     "PtySession",
@@ -666,6 +667,16 @@ class DeathWatcher(Protocol):
 
     def known_dead(self, workspace_id: str) -> bool:
         """True when the workspace is known to have stopped since it was created or resumed (no I/O)."""
+
+
+@runtime_checkable
+class PortDialer(Protocol):
+    """Optional sub-interface of providers whose networked workspaces the host can reach by address (preview URLs)."""
+
+    async def port_address(self, workspace_id: str, port: int) -> tuple[str, int]:
+        """The ``(host, port)`` at which the server on ``port`` inside a running, networked workspace is reached from
+        the host. A workspace that is not running raises :class:`~corral.errors.WorkspaceStateError`; one without a
+        network raises :class:`~corral.errors.InvalidRequestError`."""
 
 
 def __getattr__(name: str) -> type[WorkspaceState]:

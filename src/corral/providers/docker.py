@@ -534,6 +534,20 @@ class DockerProvider(AgentBackedProvider):
         except NotRunning as exc:
             raise WorkspaceStateError(f"workspace {workspace_id}: {exc}", details={"id": workspace_id}) from exc
 
+    async def port_address(self, workspace_id: str, port: int) -> tuple[str, int]:
+        """See :class:`~corral.providers.base.PortDialer`: the container's address on its bridge network."""
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is None or not info["State"].get("Running"):
+            raise WorkspaceStateError(f"workspace {workspace_id} is not running", details={"id": workspace_id})
+        networks = (info.get("NetworkSettings") or {}).get("Networks") or {}
+        for network in networks.values():
+            address = (network or {}).get("IPAddress")
+            if address:
+                return str(address), port
+        raise InvalidRequestError(
+            f"workspace {workspace_id} has no network address (network isolated)", details={"id": workspace_id}
+        )
+
     async def snapshot_estimate(self, workspace_id: str) -> int:
         """What a snapshot would hold, measured before it is taken: the writable layer as ``docker commit`` writes it
         (sparse files in full), the volume's allocated bytes, and under gVisor the memory the workspace uses now."""

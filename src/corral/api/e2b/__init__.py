@@ -31,14 +31,36 @@ from corral.api.e2b._metrics import metrics_router
 from corral.api.e2b._state import E2BState
 from corral.api.e2b.control import control_router
 from corral.api.e2b.envd import envd_router, signed_files_router
+from corral.orchestrator.pool import PoolSpec
+from corral.orchestrator.service import WorkspaceService
 
-__all__ = ["E2BState", "e2b_routers", "mount_e2b"]
+__all__ = ["E2BState", "default_sandbox_pool", "e2b_routers", "mount_e2b"]
+
+
+def default_sandbox_pool(service: WorkspaceService) -> PoolSpec | None:
+    """The warm pool of E2B's default sandbox (``Sandbox.create()``), or None when CORRAL_E2B_WARM_POOL_SIZE is 0 or
+    no provider is healthy.
+
+    Its key is what :func:`~corral.api.e2b.control` asks the pools for: the provider auto selection picks now, the
+    base image, the default limits and the ``default`` network (E2B sandboxes have internet access unless told
+    otherwise), so such a create never misses on the isolated default pool's "spec mismatch".
+    """
+    size = service.settings.e2b_warm_pool_size
+    try_order, _ = service.plan("auto", "agent_workspace")
+    if size <= 0 or not try_order:
+        return None
+    return PoolSpec(try_order[0], service.settings.base_image, service.default_limits(), "default", size)
 
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    # Runs inside create_app's lifespan (FastAPI nests included routers' lifespans), so the service exists.
-    state = E2BState(app.state.service, app.state.api_token, snapshots=app.state.snapshots)
+    # Runs inside create_app's lifespan (FastAPI nests included routers' lifespans), so the service exists and its
+    # pools have started: an added pool fills in the background at once.
+    service: WorkspaceService = app.state.service
+    pool = default_sandbox_pool(service)
+    if pool is not None and service.pools is not None:
+        service.pools.add(pool)  # False when CORRAL_WARM_POOLS already has this key: that pool serves E2B too
+    state = E2BState(service, app.state.api_token, snapshots=app.state.snapshots)
     app.state.e2b = state
     state.start()
     try:

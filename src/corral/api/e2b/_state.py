@@ -82,6 +82,9 @@ class SandboxExtras:
     timeout_s: int = DEFAULT_TIMEOUT_S
     """The timeout the sandbox was created with; an automatic resume runs it that long again, as on E2B."""
     allow_internet_access: bool = True
+    allow_public_traffic: bool = True
+    """False: requests to the sandbox's ports (preview hosts) need its traffic access token (E2B's
+    ``network.allowPublicTraffic``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The value stored under ``metadata["e2b"]``."""
@@ -159,6 +162,11 @@ class E2BState:
     def access_token(self, sandbox_id: str) -> str:
         """The envd access token of a sandbox (``X-Access-Token``)."""
         digest = hmac.new(self._key, b"corral-e2b-envd:" + sandbox_id.encode(), hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+    def traffic_token(self, sandbox_id: str) -> str:
+        """The traffic access token of a sandbox (``e2b-traffic-access-token``), derived as the envd token is."""
+        digest = hmac.new(self._key, b"corral-e2b-traffic:" + sandbox_id.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
     def token_matches(self, sandbox_id: str, token: str) -> bool:

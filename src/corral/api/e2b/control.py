@@ -194,6 +194,13 @@ def _isolated(body: Mapping[str, Any]) -> bool:
     return False
 
 
+def _public_traffic(body: Mapping[str, Any]) -> bool:
+    network = body.get("network")
+    if not isinstance(network, dict):
+        return True
+    return _bool(network, "allowPublicTraffic", True)
+
+
 # --- responses --------------------------------------------------------------------------------------------------
 
 
@@ -243,8 +250,9 @@ def sandbox_json(state: E2BState, record: WorkspaceRecord) -> dict[str, Any]:
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": state.access_token(record.id),
-        "trafficAccessToken": None,
-        "domain": None,
+        # Only a private sandbox has one, as on E2B: its ports then need it (see corral.api.ports).
+        "trafficAccessToken": None if extras.allow_public_traffic else state.traffic_token(record.id),
+        "domain": state.service.settings.sandbox_domain,
     }
 
 
@@ -271,7 +279,7 @@ def detail_json(state: E2BState, record: WorkspaceRecord, view: View) -> dict[st
         **listed_json(record, view),
         "envdAccessToken": state.access_token(record.id),
         "allowInternetAccess": record.network == "default",
-        "domain": None,
+        "domain": state.service.settings.sandbox_domain,
         "lifecycle": {"autoResume": extras.auto_resume, "onTimeout": "pause" if extras.auto_pause else "kill"},
     }
     if record.status in ("paused", "stopped") and state.transition(record.id) is None:
@@ -353,6 +361,7 @@ async def _create(request: Request, default_timeout: int) -> JSONResponse:
         auto_resume=auto_resume,
         timeout_s=timeout,
         allow_internet_access=not _isolated(body),
+        allow_public_traffic=_public_traffic(body),
     )
     # Whether the request chose the network, or leaves it to the snapshot it may be created from.
     network_given = body.get("allow_internet_access") is not None or body.get("network") is not None
