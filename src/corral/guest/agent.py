@@ -361,25 +361,16 @@ class Agent:
         exited_at: float | None = None
         try:
             while fds:
-                now = time.monotonic()
-                if deadline is not None and not timed_out and now >= deadline:
-                    timed_out = True
-                    kill_group(proc)
-                if exited_at is None and proc.poll() is not None:
-                    exited_at = now
-                # A background child may keep the pipes open after the command exits; stop reading soon after.
-                if exited_at is not None and now - exited_at > 0.25:
+                timed_out, exited_at, wait = output_turn(proc, deadline, timed_out, exited_at)
+                if wait is None:
                     break
-                waits = [0.05 if exited_at is None else 0.25 - (now - exited_at)]
-                if deadline is not None and not timed_out:
-                    waits.append(deadline - now)
                 if window.cancelled:
                     break
                 if window.room() <= 0:
                     # No credit: leave the pipes unread, so the command blocks on its writes until the host reads.
-                    window.wait(max(0, min(waits)))
+                    window.wait(max(0.0, wait))
                     continue
-                for fd, _ in poller.poll(max(0, min(waits)) * 1000):
+                for fd, _ in poller.poll(max(0.0, wait) * 1000):
                     if window.room() <= 0:
                         break  # the other pipe's frame used the credit up
                     data = os.read(fd, min(CHUNK, window.room()))
@@ -459,18 +450,10 @@ class Agent:
         exited_at: float | None = None
         try:
             while not window.cancelled:
-                now = time.monotonic()
-                if deadline is not None and not timed_out and now >= deadline:
-                    timed_out = True
-                    kill_group(proc)
-                if exited_at is None and proc.poll() is not None:
-                    exited_at = now
-                # A background child may keep the terminal open after the command exits; stop reading soon after.
-                if exited_at is not None and now - exited_at > 0.25:
+                timed_out, exited_at, next_wait = output_turn(proc, deadline, timed_out, exited_at)
+                if next_wait is None:
                     break
-                wait = 0.05 if exited_at is None else 0.25 - (now - exited_at)
-                if deadline is not None and not timed_out:
-                    wait = min(wait, deadline - now)
+                wait = next_wait
                 room = window.room() > 0
                 # No credit: the terminal is left unread, so the command blocks on its writes until the host reads.
                 poller.modify(master, (select.POLLIN if room else 0) | (select.POLLOUT if terminal.pending else 0))
@@ -1411,6 +1394,27 @@ def usage_beneath(h: Header) -> Header:
         return {"bytes": total}
 
     return _at(h["beneath"], h["path"], act, follow=True)
+
+
+def output_turn(
+    proc: Process, deadline: float | None, timed_out: bool, exited_at: float | None
+) -> tuple[bool, float | None, float | None]:
+    """One turn of the loop reading a command's output (pipes or a terminal): kill its group at the deadline and
+    note when it exited. Returns ``(timed_out, exited_at, wait)``: how long to wait for output before the next turn,
+    or None once it is time to stop reading (a background child may keep the output open after the command exits:
+    it is read for 0.25 s more)."""
+    now = time.monotonic()
+    if deadline is not None and not timed_out and now >= deadline:
+        timed_out = True
+        kill_group(proc)
+    if exited_at is None and proc.poll() is not None:
+        exited_at = now
+    if exited_at is not None and now - exited_at > 0.25:
+        return timed_out, exited_at, None
+    wait = 0.05 if exited_at is None else 0.25 - (now - exited_at)
+    if deadline is not None and not timed_out:
+        wait = min(wait, deadline - now)
+    return timed_out, exited_at, wait
 
 
 def kill_group(proc: Process) -> None:
