@@ -21,6 +21,8 @@ for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then missing+=(python3-venv); fi
+# node and npm run the E2B JavaScript SDK's e2e test; a node already installed (e.g. NodeSource's) is kept.
+if ! command -v npm >/dev/null; then missing+=(nodejs npm); fi
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     apt-get update -qq
@@ -131,6 +133,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want_stamp" ]; then
     .venv/bin/pip install -q --upgrade pip
     .venv/bin/pip install -q -e '.[dev]'
     echo "$want_stamp" > "$stamp"
+fi
+
+# --- 4b. the E2B JavaScript SDK for tests/e2e/test_e2b_js_sdk.py ---------------------------------------------------
+# `npm ci` installs exactly the lock file, so tests fetch nothing; it runs again only when the lock file changes.
+js=tests/e2e/js
+js_stamp=$js/node_modules/.corral-installed
+want_js_stamp=$(sha256sum "$js/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$js_stamp" 2>/dev/null)" != "$want_js_stamp" ]; then
+    log "installing the E2B JavaScript SDK into $js/node_modules (npm ci)"
+    (cd "$js" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want_js_stamp" > "$js_stamp"
 fi
 
 # --- 5. base image ------------------------------------------------------------------------------------------------
