@@ -222,24 +222,6 @@ def test_private_sandbox_needs_its_traffic_access_token(e2b_server: Server, tmp_
         _kill(e2b_server, sandbox["id"])
 
 
-def test_isolated_sandbox_ports_say_the_tunnel_is_not_built(e2b_server: Server, tmp_path: Path) -> None:
-    """A sandbox without network (allow_internet_access=False) has no address to dial: its preview host and path
-    route answer 501 saying the tunnel through the guest agent is not built yet, rather than pretending."""
-    sandbox = _sandbox(e2b_server, tmp_path, "allow_internet_access=False", "")
-    try:
-        with httpx.Client(base_url=e2b_server.url, timeout=30) as client:
-            by_host = client.get("/", headers={"Host": sandbox["host"]})
-            assert by_host.status_code == 501
-            assert "not built yet" in by_host.json()["message"]
-            by_path = client.get(
-                f"/api/v1/agent/workspaces/{sandbox['id']}/ports/3000/", headers={"Authorization": f"Bearer {TOKEN}"}
-            )
-            assert by_path.status_code == 501
-            assert by_path.json()["error"]["code"] == "port_tunnel_unavailable"
-    finally:
-        _kill(e2b_server, sandbox["id"])
-
-
 def test_large_bodies_stream_through_without_growing_the_server(e2b_server: Server, tmp_path: Path) -> None:
     """Headers reach the app (its own Authorization on the preview host, never Corral's token from the path route);
     128 MiB down and 128 MiB up through the preview host arrive whole, while the Corral server's peak memory grows
@@ -390,5 +372,96 @@ def test_websocket_through_the_preview_host_and_the_path_route(e2b_server: Serve
         with pytest.raises(InvalidStatus) as closed:
             _ws(e2b_server, sandbox["closed_host"], "/")
         assert closed.value.response.status_code == 403
+    finally:
+        _kill(e2b_server, sandbox["id"])
+
+
+def test_an_isolated_sandbox_is_reached_through_its_agent(e2b_server: Server, tmp_path: Path) -> None:
+    """A sandbox without network (allow_internet_access=False) has no address, yet its preview host and the path
+    route reach servers on its loopback through the guest agent's tunnel: headers arrive, 64 MiB stream down and up
+    whole while the Corral server's peak memory grows by far less, a WebSocket echoes both ways, and a port nothing
+    listens on answers 502 in E2B's words."""
+    start = (
+        f'sandbox.files.write("/tmp/bodies.py", {BODY_SERVER!r})\n'
+        f'        sandbox.files.write("/tmp/ws.py", {WS_SERVER.replace("3000", "3002")!r})\n'
+        '        sandbox.commands.run("python3 /tmp/bodies.py", background=True)\n'
+        '        sandbox.commands.run("python3 /tmp/ws.py", background=True)'
+    )
+    sandbox = _sandbox(e2b_server, tmp_path, "allow_internet_access=False", start)
+    size = 64 * MiB
+    pid = e2b_server.process.pid
+    try:
+        assert e2b_server.client.get(f"/api/v1/agent/workspaces/{sandbox['id']}").json()["network"] == "isolated"
+        with httpx.Client(base_url=e2b_server.url, timeout=120) as client:
+            host = {"Host": sandbox["host"]}
+            assert _poll(client, "/1", host).status_code == 200
+            seen = client.get("/headers", headers={**host, "Authorization": "Bearer app-token"}).json()
+            assert seen["host"] == sandbox["host"]
+            assert seen["authorization"] == "Bearer app-token"
+            by_path = client.get(
+                f"/api/v1/agent/workspaces/{sandbox['id']}/ports/3000/5", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert by_path.status_code == 200
+            assert by_path.content == b"xxxxx"
+
+            closed = client.get("/", headers={"Host": sandbox["closed_host"]})
+            assert closed.status_code == 502
+            assert closed.json() == {
+                "code": 502,
+                "message": "The sandbox is running but port is not open",
+                "sandboxId": sandbox["id"],
+                "port": "3001",
+            }
+            closed_path = client.get(
+                f"/api/v1/agent/workspaces/{sandbox['id']}/ports/3001/", headers={"Authorization": f"Bearer {TOKEN}"}
+            )
+            assert closed_path.status_code == 502
+            assert closed_path.json()["error"]["code"] == "port_closed"
+
+            rss_before = _status_kib(pid, "VmRSS") * 1024
+            received = 0
+            with client.stream("GET", f"/{size}", headers=host) as answer:
+                assert answer.status_code == 200
+                for chunk in answer.iter_raw():
+                    assert chunk.count(b"x") == len(chunk)
+                    received += len(chunk)
+            assert received == size
+
+            def upload() -> Iterator[bytes]:
+                piece = b"y" * MiB
+                for _ in range(size // MiB):
+                    yield piece
+
+            sent = client.post("/", content=upload(), headers={**host, "Content-Length": str(size)})
+            assert sent.status_code == 200
+            assert int(sent.text) == size
+            peak = _status_kib(pid, "VmHWM") * 1024
+            assert peak - rss_before < 32 * MiB, f"server peak grew by {(peak - rss_before) / MiB:.0f} MiB"
+
+        ws_host = sandbox["host"].replace("3000-", "3002-", 1)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                ws = _ws(e2b_server, ws_host, "/chat", subprotocols=[Subprotocol("chat")])
+                break
+            except (InvalidStatus, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        with ws:
+            assert ws.subprotocol == "chat"
+            ws.send("hello")
+            assert ws.recv(timeout=30) == "echo:hello"
+            ws.send(b"\x00\x01\xff")
+            assert ws.recv(timeout=30) == b"echo:\x00\x01\xff"
+            ws.send("x" * 200_000)
+            assert ws.recv(timeout=30) == "echo:" + "x" * 200_000
+        path = f"/api/v1/agent/workspaces/{sandbox['id']}/ports/3002/chat"
+        with _ws(e2b_server, "127.0.0.1", path, additional_headers={"Authorization": f"Bearer {TOKEN}"}) as ws:
+            ws.send("by path")
+            assert ws.recv(timeout=30) == "echo:by path"
+        with pytest.raises(InvalidStatus) as closed_ws:
+            _ws(e2b_server, sandbox["closed_host"], "/")
+        assert closed_ws.value.response.status_code == 403
     finally:
         _kill(e2b_server, sandbox["id"])

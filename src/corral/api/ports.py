@@ -18,7 +18,10 @@ so the server's memory does not depend on their size.
 
 Where the server is reached: a networked workspace at its address on the host (a provider's
 :class:`~corral.providers.base.PortDialer`, e.g. the container's bridge address). An isolated workspace has no
-address; reaching it needs a tunnel through its guest agent, which is not built yet, so it answers 501 saying so.
+address: its provider's :class:`~corral.providers.base.PortTunnel` opens a connection to the workspace's loopback
+through its guest agent, and the same proxy speaks HTTP over it (an httpcore network backend that hands out that one
+stream) or relays a WebSocket over it (through a local socket pair, since the WebSocket client needs a socket). The
+tunnel is flow-controlled both ways, so the server's memory stays bounded there too.
 WebSocket upgrades are relayed message by message (a message is held whole, up to 16 MiB, as WebSocket servers
 do); a refusal closes before the handshake completes, which the client sees as HTTP 403.
 """
@@ -31,11 +34,13 @@ import hmac
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+import httpcore
 import httpx
 from fastapi import APIRouter, FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -47,7 +52,7 @@ from websockets.typing import Subprotocol
 from corral.api.e2b._state import E2BState, SandboxExtras
 from corral.errors import CorralError, WorkspaceDestroyedError, WorkspaceNotFoundError
 from corral.orchestrator.service import WorkspaceService
-from corral.providers.base import PortDialer
+from corral.providers.base import PortDialer, PortStream, PortTunnel
 
 __all__ = ["TRAFFIC_TOKEN_HEADER", "PortRoutes", "PortTarget", "mount_ports", "parse_preview_host"]
 
@@ -77,6 +82,8 @@ _HOP_BY_HOP: Final = frozenset(
 _TIMEOUT: Final = httpx.Timeout(None, connect=10.0)
 _WS_MAX_MESSAGE: Final = 16 * 1024 * 1024
 """The largest WebSocket message relayed (uvicorn's own default cap on what a client sends)."""
+_SPLICE_CHUNK: Final = 64 * 1024
+"""Bytes read at once from the local end of a tunnelled WebSocket's socket pair."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,24 +216,60 @@ class _Proxy:
     async def forward(
         self, scope: Scope, receive: Receive, send: Send, target: PortTarget, headers: Mapping[str, str]
     ) -> None:
+        upstream = await self._upstream_or_refuse(scope, send, target, headers)
+        if upstream is None:
+            return
+        if isinstance(upstream, tuple):
+            await self._forward(scope, receive, send, target, headers, client=self.client, address=upstream)
+            return
+        # A tunnel: a client of its own whose one connection is the tunnel (closed with it).
+        transport = _TunnelTransport(upstream)
+        async with httpx.AsyncClient(transport=transport, timeout=_TIMEOUT, trust_env=False) as client:
+            try:
+                await self._forward(
+                    scope, receive, send, target, headers, client=client, address=("127.0.0.1", target.port)
+                )
+            finally:
+                await upstream.aclose()
+
+    async def _upstream_or_refuse(
+        self, scope: Scope, send: Send, target: PortTarget, headers: Mapping[str, str]
+    ) -> tuple[str, int] | PortStream | None:
+        """Where to send the request (see :meth:`_upstream`); None once a refusal has been answered instead."""
         try:
-            address = await self._address(target, headers)
+            return await self._upstream(target, headers)
         except _Refusal as refusal:
             await _refuse(send, scope, target, refusal, target.route)
-            return
+        except ConnectionRefusedError:
+            await _refuse(send, scope, target, _port_closed(), target.route)
         except CorralError as exc:
             await _refuse(send, scope, target, _Refusal(exc.http_status, exc.message, code=exc.code), target.route)
-            return
+        except OSError as exc:
+            failed = _Refusal(502, f"the server on port {target.port} failed: {exc}", code="port_unreachable")
+            await _refuse(send, scope, target, failed, target.route)
+        return None
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        target: PortTarget,
+        headers: Mapping[str, str],
+        *,
+        client: httpx.AsyncClient,
+        address: tuple[str, int],
+    ) -> None:
         upstream_headers = _request_headers(scope, headers, target)
         has_body = "content-length" in headers or "transfer-encoding" in headers
-        request = self.client.build_request(
+        request = client.build_request(
             scope["method"],
             f"http://{address[0]}:{address[1]}{target.path}",
             headers=upstream_headers,
             content=_body(receive) if has_body else None,
         )
         try:
-            response = await self.client.send(request, stream=True)
+            response = await client.send(request, stream=True)
         except httpx.ConnectError:
             await _refuse(send, scope, target, _port_closed(), target.route)
             return
@@ -260,20 +303,47 @@ class _Proxy:
 
         A refusal, or a server inside that does not take the handshake, closes before accepting: the client's
         handshake gets 403 (ASGI servers answer no other status there)."""
+        upstream = await self._upstream_or_refuse(scope, send, target, headers)
+        if upstream is None:
+            return
+        if isinstance(upstream, tuple):
+            await self._forward_websocket(scope, receive, send, target, headers, address=upstream, sock=None)
+            return
+        # A tunnel: the WebSocket client gets one end of a socket pair, the other end is spliced to the tunnel.
+        near, far = socket.socketpair()
         try:
-            address = await self._address(target, headers)
-        except _Refusal as refusal:
-            await _refuse(send, scope, target, refusal, target.route)
-            return
-        except CorralError as exc:
-            await _refuse(send, scope, target, _Refusal(exc.http_status, exc.message, code=exc.code), target.route)
-            return
+            splice = await _Splice.start(far, upstream)
+        except BaseException:
+            near.close()
+            far.close()
+            await upstream.aclose()
+            raise
+        try:
+            await self._forward_websocket(
+                scope, receive, send, target, headers, address=("127.0.0.1", target.port), sock=near
+            )
+        finally:
+            near.close()
+            await splice.aclose()
+
+    async def _forward_websocket(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        target: PortTarget,
+        headers: Mapping[str, str],
+        *,
+        address: tuple[str, int],
+        sock: socket.socket | None,
+    ) -> None:
         dropped = {"host", "sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions"}
         dropped |= {"sec-websocket-protocol", "user-agent"}  # set by the client library from its own arguments
         upstream_headers = [(k, v) for k, v in _request_headers(scope, headers, target) if k.lower() not in dropped]
         try:
             upstream = await ws_connect(
                 f"ws://{address[0]}:{address[1]}{target.path}",
+                sock=sock,
                 additional_headers=upstream_headers,
                 subprotocols=[Subprotocol(p) for p in scope.get("subprotocols", [])] or None,
                 user_agent_header=headers.get("user-agent"),
@@ -290,22 +360,26 @@ class _Proxy:
             await send({"type": "websocket.accept", "subprotocol": upstream.subprotocol})
             await _relay(receive, send, upstream)
 
-    async def _address(self, target: PortTarget, headers: Mapping[str, str]) -> tuple[str, int]:
+    async def _upstream(self, target: PortTarget, headers: Mapping[str, str]) -> tuple[str, int] | PortStream:
+        """The networked workspace's address to dial, or an open tunnel into an isolated one (ConnectionRefusedError
+        when nothing listens on the port)."""
         service = self.service
         if target.route == "host":
             await self._admit(target, headers)
         else:
             await service.ensure_ready(target.workspace_id)
         record = await service.get(target.workspace_id)
-        if record.network == "isolated":
-            raise _Refusal(
-                501,
-                f"workspace {target.workspace_id} has no network (isolated); reaching its ports needs the tunnel "
-                "through its guest agent, which is not built yet. Create it with network 'default' "
-                "(E2B: allow_internet_access left true) to reach its ports.",
-                code="port_tunnel_unavailable",
-            )
         provider = service.providers.get(record.provider or "")
+        if record.network == "isolated":
+            if provider is None or not isinstance(provider, PortTunnel):
+                raise _Refusal(
+                    501,
+                    f"provider {record.provider!r} of workspace {target.workspace_id} cannot reach ports inside a "
+                    "workspace without network; create it with network 'default' (E2B: allow_internet_access left "
+                    "true) to reach its ports",
+                    code="port_tunnel_unavailable",
+                )
+            return await provider.open_port(target.workspace_id, target.port)
         if provider is None or not isinstance(provider, PortDialer):
             raise _Refusal(
                 501,
@@ -343,6 +417,125 @@ class _Proxy:
                 await self.service.ensure_ready(record.id)
             except CorralError:
                 raise not_found from None
+
+
+class _TunnelTransport(httpx.AsyncHTTPTransport):
+    """httpx's own HTTP/1.1 transport whose one connection is a tunnel into a workspace instead of a TCP socket."""
+
+    def __init__(self, stream: PortStream) -> None:
+        super().__init__(trust_env=False)
+        # httpx builds its pool without a way to pass a network backend; this is the pool it would build, over ours.
+        self._pool = httpcore.AsyncConnectionPool(network_backend=_TunnelBackend(stream), max_keepalive_connections=0)
+
+
+class _TunnelBackend(httpcore.AsyncNetworkBackend):
+    """Hands out its one tunnel as the connection to whatever address is asked for (the request names the port)."""
+
+    def __init__(self, stream: PortStream) -> None:
+        self._stream: PortStream | None = stream
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore.AsyncNetworkStream:
+        del host, port, timeout, local_address, socket_options
+        stream, self._stream = self._stream, None
+        if stream is None:  # keep-alive is off: a second connection would need a second tunnel
+            raise httpcore.ConnectError("the tunnel carries one connection")
+        return _TunnelNetworkStream(stream)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Any = None
+    ) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("a tunnel has no unix sockets")
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+class _TunnelNetworkStream(httpcore.AsyncNetworkStream):
+    """A :class:`~corral.providers.base.PortStream` as httpcore's network stream; its failures as httpcore's."""
+
+    def __init__(self, stream: PortStream) -> None:
+        self._stream = stream
+        self._left = b""  # the rest of a piece larger than httpcore asked for
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if not self._left:
+            try:
+                self._left = await self._stream.read()
+            except (OSError, CorralError) as exc:
+                raise httpcore.ReadError(str(exc)) from exc
+        data, self._left = self._left[:max_bytes], self._left[max_bytes:]
+        return data
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            await self._stream.write(buffer)
+        except (OSError, CorralError) as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def get_extra_info(self, info: str) -> Any:
+        return None
+
+
+class _Splice:
+    """Bytes both ways between a local socket and a tunnel, a bounded piece at a time, until both are done."""
+
+    def __init__(self, stream: PortStream, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._stream = stream
+        self._reader = reader
+        self._writer = writer
+        self._tasks = [
+            asyncio.create_task(self._guarded(self._outward())),
+            asyncio.create_task(self._guarded(self._inward())),
+        ]
+
+    @classmethod
+    async def start(cls, sock: socket.socket, stream: PortStream) -> _Splice:
+        reader, writer = await asyncio.open_connection(sock=sock, limit=_SPLICE_CHUNK)
+        return cls(stream, reader, writer)
+
+    async def _guarded(self, direction: Awaitable[None]) -> None:
+        """One direction; when it fails (the tunnel broke, the workspace stopped), the local socket is cut so that the
+        WebSocket client sees the connection drop instead of waiting on it."""
+        try:
+            await direction
+        except (OSError, CorralError) as exc:
+            log.info("tunnelled WebSocket cut: %s", exc)
+            self._writer.transport.abort()
+
+    async def _outward(self) -> None:
+        """Local socket -> tunnel; the tunnel's credit paces the reads."""
+        while data := await self._reader.read(_SPLICE_CHUNK):
+            await self._stream.write(data)
+        await self._stream.write_eof()
+
+    async def _inward(self) -> None:
+        """Tunnel -> local socket; draining paces the tunnel's reads (and so the agent's window)."""
+        while data := await self._stream.read():
+            self._writer.write(data)
+            await self._writer.drain()
+        if self._writer.can_write_eof():
+            self._writer.write_eof()
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, OSError, CorralError):
+                await task
+        self._writer.close()
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+        await self._stream.aclose()
 
 
 async def _relay(receive: Receive, send: Send, upstream: ClientConnection) -> None:

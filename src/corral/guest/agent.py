@@ -29,13 +29,20 @@ Requests carry ``{"id": n, "op": ...}``; replies carry the same ``id`` and an ``
   it, those created later included) -> ``open {}``, then ``data`` frames (payload: a JSON object ``{"events": [[name,
   type], ...], "dropped": n}``, names relative to the directory, types ``create``, ``write``, ``remove``,
   ``rename``, ``chmod``) under the same flow control as a read; ``kill {target}`` ends it. See :class:`DirWatch`.
+* ``tunnel {port}`` (feature ``tunnel``): a TCP connection to ``127.0.0.1:port`` inside the sandbox (``::1`` when
+  nothing listens there), relayed both ways -> ``open {}``, or ``error`` with kind ``refused`` when nothing listens.
+  Then the server's bytes come as ``data`` frames under the same flow control as a read, and ``eof`` once it has
+  shut its side. The host sends ``data`` frames with the same id (at most :data:`WINDOW` bytes it has not been
+  granted ``credit {bytes}`` for: the agent grants bytes as the server takes them) and ``eof`` to shut the
+  connection's sending side. ``end`` once both sides are shut; ``kill {target}`` closes the connection at once (no
+  last frame). At most :data:`MAX_TUNNELS` at once; more are refused with kind ``busy``. See :class:`Tunnel`.
 * ``stat``, ``list``, ``delete``, ``move``, ``chmod``, ``mkdir``, ``glob``, ``realpath``, ``usage``, ``ping`` ->
   ``result {...}``.
 * Every file operation also takes ``beneath`` (an absolute directory, e.g. ``/workspace``): its paths are then
   resolved beneath that root without ever letting the kernel follow a symlink (see :class:`Beneath`), and a path, a
   symlink or a ``..`` that leads outside it fails with kind ``escape``. Without it, paths are used as given.
 * Any failure -> ``error {kind, message}`` where kind is ``not_found``, ``exists``, ``not_a_directory``,
-  ``is_a_directory``, ``not_empty``, ``permission``, ``escape``, ``invalid`` or ``os``.
+  ``is_a_directory``, ``not_empty``, ``permission``, ``escape``, ``invalid``, ``refused``, ``busy`` or ``os``.
 
 Every exec runs in its own session (process group) so a deadline kills the command and all its children.
 Diagnostics go to stderr, which the host logs; stdout carries frames only.
@@ -77,9 +84,10 @@ LOADER_VARIABLES = (
 )  # fmt: skip
 """The variables the host empties for the agent's own process (see corral.providers.agent_runtime). Flags the loader
 honours whatever their value (LD_SHOW_AUXV, LD_BIND_NOT...) cannot be emptied this way; they change no code path."""
-FEATURES = ["beneath", "pty", "user", "watch"]
+FEATURES = ["beneath", "pty", "tunnel", "user", "watch"]
 """What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths;
-``pty``: commands on a pseudo-terminal; ``user``: commands run as, and files written for, a user of the workspace)."""
+``pty``: commands on a pseudo-terminal; ``tunnel``: TCP connections to ports inside the sandbox; ``user``: commands
+run as, and files written for, a user of the workspace)."""
 CHUNK = 256 * 1024
 MAX_HEADER = 1024 * 1024
 """The largest frame header either side accepts (a directory listing or glob result travels in one; one that would
@@ -145,6 +153,7 @@ class Agent:
         self.streams: dict[int, Window] = {}  # exec or read id -> its flow-control window
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.terminals: dict[int, Terminal] = {}  # pty id -> its terminal, for input and resize
+        self.tunnels: dict[int, Tunnel] = {}  # tunnel id -> its connection, for the host's data and eof
         self.base_env = dict(os.environ)
         # The host starts the agent with the loader's variables emptied and LC_ALL=C (see the agent runtime); its
         # commands get the container's own values back.
@@ -200,6 +209,10 @@ class Agent:
     def dispatch(self, h: Header, payload: bytes) -> None:
         op, rid = h.get("op"), h.get("id", 0)
         if op == "data":  # a chunk of an open write: written inline, so writes stay ordered
+            tunnel = self.tunnels.get(rid)
+            if tunnel is not None:  # a tunnel's bytes are queued for its thread: the server may be slow to take them
+                tunnel.feed(payload)
+                return
             f = self.writes.get(rid)
             if f is not None:
                 try:
@@ -208,6 +221,11 @@ class Agent:
                     self.writes.pop(rid, None)
                     f.close()
                     self.error(rid, exc)
+            return
+        if op == "eof":
+            tunnel = self.tunnels.get(rid)
+            if tunnel is not None:
+                tunnel.end_input()
             return
         if op == "end":
             f = self.writes.pop(rid, None)
@@ -250,6 +268,9 @@ class Agent:
             terminal = self.terminals.get(h["target"])
             if terminal is not None:
                 terminal.killed = True  # a kill right behind the request: its worker may not have started it yet
+            tunnel = self.tunnels.get(h["target"])
+            if tunnel is not None:
+                tunnel.kill()
             window = self.streams.get(h["target"])
             if window is not None:
                 window.cancel()
@@ -266,7 +287,13 @@ class Agent:
             rows, cols = _size(h)
             self.terminals[rid] = Terminal(*os.openpty())
             self.terminals[rid].resize(rows, cols)
-        if op in ("exec", "pty", "read", "glob", "usage", "watch"):
+        if op == "tunnel":  # it exists at once, so that a kill sent right behind finds it
+            if len(self.tunnels) >= MAX_TUNNELS:
+                message = f"{MAX_TUNNELS} connections to ports are open already; close one first"
+                self.send({"id": rid, "ev": "error", "kind": "busy", "message": message})
+                return
+            self.tunnels[rid] = Tunnel()
+        if op in ("exec", "pty", "read", "glob", "usage", "watch", "tunnel"):
             self.workers.submit(self.guarded, handler, rid, h)
         else:
             self.result(rid, handler(h))
@@ -667,6 +694,26 @@ class Agent:
             self.streams.pop(rid, None)
         # Only a kill ends a watch (as envd's, it outlives its directory), and a killed request gets no last frame.
 
+    def op_tunnel(self, h: Header) -> None:
+        rid = h["id"]
+        tunnel = self.tunnels[rid]
+        try:
+            port = h.get("port")
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise ValueError(f"port must be a number from 1 to 65535, got {port!r}")
+            tunnel.connect(port)
+            self.streams[rid] = tunnel.window
+            if tunnel.killed:
+                return
+            self.send({"id": rid, "ev": "open"})
+            ended = tunnel.relay(rid, self.send)
+        finally:
+            self.tunnels.pop(rid, None)
+            self.streams.pop(rid, None)
+            tunnel.close()
+        if ended:
+            self.send({"id": rid, "ev": "end"})
+
 
 WATCH_TICK_S = 0.1
 """How often a watch looks whether it was stopped while no event arrives."""
@@ -834,6 +881,158 @@ class Window:
         with self.cond:
             if self.credit <= FRAME_COST and not self.cancelled:
                 self.cond.wait(timeout)
+
+
+TUNNEL_CONNECT_S = 10.0
+"""How long connecting to a port inside the sandbox may take (a listening server answers at once)."""
+TUNNEL_HOSTS = ("127.0.0.1", "::1")
+MAX_TUNNELS = 32
+"""Connections to ports open at once: each holds a worker thread, and half the workers stay for commands and files
+(a preview URL's visitors must not be able to starve the workspace's own exec)."""
+
+
+class Tunnel:
+    """One TCP connection to a server inside the sandbox, relayed over the agent's stream by one worker thread.
+
+    Both directions are bounded: the server's bytes go out only within the host's credit (a :class:`Window`), and
+    the host's bytes wait in :attr:`pending`, at most :data:`WINDOW` of them, granted back (``credit`` frames) as the
+    server takes them. A host that sends past its credit breaks the tunnel, never the agent's memory.
+    """
+
+    def __init__(self) -> None:
+        self.sock: socket.socket | None = None
+        self.lock = threading.Lock()
+        self.pending = bytearray()
+        self.input_ended = False  # the host sent eof: shut the sending side once pending is written
+        self.failure: str | None = None
+        self.killed = False
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        self.window = _WakingWindow(self.wake)
+
+    def wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self.wake_w, b"\0")
+
+    def connect(self, port: int) -> None:
+        """Connect to ``port`` on the loopback addresses in turn; the last refusal is raised when none listens."""
+        error: OSError | None = None
+        for host in TUNNEL_HOSTS:
+            try:
+                sock = socket.create_connection((host, port), timeout=TUNNEL_CONNECT_S)
+            except OSError as exc:
+                error = error or exc  # the IPv4 answer says most (a sandbox may have no IPv6 at all)
+                continue
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = sock
+            return
+        assert error is not None
+        raise ConnectionRefusedError(
+            error.errno or errno.ECONNREFUSED, f"nothing listens on port {port} ({error.strerror or error})"
+        )
+
+    def feed(self, data: bytes) -> None:
+        """Queue the host's ``data`` for the server (the dispatch loop never blocks on a slow server)."""
+        with self.lock:
+            if len(self.pending) + len(data) > WINDOW:
+                self.failure = f"the host sent more than {WINDOW} bytes the server has not taken yet"
+            elif not self.input_ended:
+                self.pending += data
+        self.wake()
+
+    def end_input(self) -> None:
+        with self.lock:
+            self.input_ended = True
+        self.wake()
+
+    def kill(self) -> None:
+        self.killed = True
+        self.window.cancel()
+
+    def relay(self, rid: int, send: Callable[..., None]) -> bool:
+        """Move bytes both ways until both sides are shut (True) or the tunnel is killed (False)."""
+        sock = self.sock
+        assert sock is not None
+        reading = writing = True  # the server may still send; the host may still send
+        poller = select.poll()
+        poller.register(self.wake_r, select.POLLIN)
+        watched = False  # a hung-up socket polls ready whatever is asked: watch it only when there is work for it
+        while reading or writing:
+            if self.killed or self.window.cancelled:
+                return False
+            with self.lock:
+                pending, ended, failure = bool(self.pending), self.input_ended, self.failure
+            if failure is not None:
+                raise ValueError(failure)
+            if writing and ended and not pending:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_WR)
+                writing = False
+                continue
+            room = reading and self.window.room() > 0
+            if room or pending:
+                mask = (select.POLLIN if room else 0) | (select.POLLOUT if pending else 0)
+                if watched:
+                    poller.modify(sock, mask)
+                else:
+                    poller.register(sock, mask)
+                watched = True
+            elif watched:
+                poller.unregister(sock)  # wait for credit, the host's data, its eof or a kill: all wake the pipe
+                watched = False
+            for fd, events in poller.poll(1000):
+                if fd == self.wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self.wake_r, 4096)
+                    continue
+                if pending and events & (select.POLLOUT | select.POLLERR | select.POLLHUP):
+                    with self.lock:
+                        chunk = bytes(self.pending[:CHUNK])
+                    try:
+                        written = sock.send(chunk)
+                    except BlockingIOError:
+                        written = 0
+                    if written:
+                        with self.lock:
+                            del self.pending[:written]
+                        send({"id": rid, "ev": "credit", "bytes": written})
+                if room and events & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                    try:
+                        data = sock.recv(min(CHUNK, self.window.room()))
+                    except BlockingIOError:
+                        continue
+                    if data:
+                        self.window.take(len(data) + FRAME_COST)
+                        send({"id": rid, "ev": "data"}, data)
+                    else:
+                        reading = False
+                        send({"id": rid, "ev": "eof"})
+        return True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        for fd in (self.wake_r, self.wake_w):
+            os.close(fd)
+
+
+class _WakingWindow(Window):
+    """A :class:`Window` that also wakes the thread polling its tunnel when credit arrives or it is cancelled."""
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def grant(self, n: int) -> None:
+        super().grant(n)
+        self._wake()
+
+    def cancel(self) -> None:
+        super().cancel()
+        self._wake()
 
 
 class Terminal:
@@ -1443,6 +1642,7 @@ _ERRNO_KINDS = {
     errno.EPERM: "permission",
     errno.ENOSPC: "no_space",
     errno.EDQUOT: "no_space",
+    errno.ECONNREFUSED: "refused",
 }
 
 

@@ -17,6 +17,9 @@ agent. So the host's memory never depends on what the agent sends:
   of at most 256 bytes; any other answer counts against a handful per request; a frame for a request the host
   never made, or already finished, is a violation too (an abandoned request's last frames are tolerated up to a
   window), so a flood of small or unsolicited frames costs nothing either;
+* a tunnel's bytes toward the agent are flow-controlled the other way round: the host sends at most
+  :data:`~corral.guest.agent.WINDOW` bytes the agent has not granted back with ``credit`` frames (each checked: a
+  positive count within one window, for a tunnel only), so a server that does not read slows the client;
 * a frame that breaks these rules (too long, not JSON, not an object, data beyond the window) ends the connection
   with :class:`GuestProtocolError`, whose message says what the agent did; every request in flight fails with it;
 * every wait for the agent has a deadline (:data:`ANSWER_TIMEOUT_S`, longer for walks of the whole workspace; exec
@@ -35,7 +38,13 @@ import struct
 from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from typing import Any, NoReturn, Protocol
 
-from corral.errors import FileOperationError, InvalidRequestError, ResourceLimitError, WorkspaceFileNotFoundError
+from corral.errors import (
+    FileOperationError,
+    InvalidRequestError,
+    ResourceLimitError,
+    TooManyRequestsError,
+    WorkspaceFileNotFoundError,
+)
 from corral.guest.agent import FRAME_COST, MAX_HEADER, MAX_PAYLOAD, WINDOW, encode_frame
 
 __all__ = [
@@ -44,6 +53,7 @@ __all__ = [
     "GuestConnectionLost",
     "GuestProtocolError",
     "GuestTerminal",
+    "GuestTunnel",
     "WatchBatch",
     "Writer",
 ]
@@ -92,7 +102,16 @@ Frame = tuple[dict[str, Any], bytes]
 class _Request:
     """One request in flight: its frames, and the flow-control books of its streamed data."""
 
-    __slots__ = ("consumed", "queue", "queued_data", "queued_frames", "streaming")
+    __slots__ = (
+        "consumed",
+        "credit_ready",
+        "queue",
+        "queued_data",
+        "queued_frames",
+        "send_closed",
+        "send_credit",
+        "streaming",
+    )
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[Frame | None] = asyncio.Queue()
@@ -100,6 +119,19 @@ class _Request:
         self.queued_frames = 0  # other frames waiting (open, exit, result...): a request takes a handful
         self.consumed = 0  # streamed bytes taken by the consumer since the last credit
         self.streaming = False  # exec and read answer with streamed frames; other requests never do
+        self.send_credit: int | None = None  # a tunnel: bytes the host may still send before the agent grants more
+        self.credit_ready: asyncio.Event | None = None  # set when credit arrives or the tunnel can take no more
+        self.send_closed = False  # a tunnel that ended or failed: the agent takes none of the host's bytes any more
+
+    def grant(self, header: dict[str, Any]) -> None:
+        """A tunnel's ``credit`` frame: the agent has passed that many of the host's bytes on to the server."""
+        granted = header.get("bytes")
+        if self.send_credit is None or self.credit_ready is None:
+            raise GuestProtocolError("a credit frame for a request that sends no data")
+        if isinstance(granted, bool) or not isinstance(granted, int) or not 0 < granted <= WINDOW:
+            raise GuestProtocolError(f"a credit frame of {granted!r} bytes")
+        self.send_credit = min(self.send_credit + granted, WINDOW)
+        self.credit_ready.set()
 
     def enqueue(self, header: dict[str, Any], payload: bytes, header_size: int) -> None:
         """Queue a frame for the consumer; an agent that sends past its window breaks the protocol."""
@@ -197,8 +229,13 @@ class GuestConnection:
                 header, payload, header_size = await self._read_frame()
                 rid = header.get("id", 0)
                 request = self._pending.get(rid)
-                if request is not None:
+                if request is not None and header.get("ev") == "credit":
+                    request.grant(header)
+                elif request is not None:
                     request.enqueue(header, payload, header_size)
+                    if request.credit_ready is not None and header.get("ev") in ("error", "end"):
+                        request.send_closed = True
+                        request.credit_ready.set()  # a writer waiting for credit would wait forever
                 elif rid == 0 and header.get("ev") == "hello" and not self._hello.done():
                     self._hello.set_result(header)
                 else:
@@ -252,6 +289,8 @@ class GuestConnection:
             self._hello.exception()  # mark retrieved: nobody may be waiting
         for request in self._pending.values():
             request.queue.put_nowait(None)
+            if request.credit_ready is not None:
+                request.credit_ready.set()
 
     async def _send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         if self._closed:
@@ -429,6 +468,26 @@ class GuestConnection:
                 with contextlib.suppress(Exception):
                     await self._kill(rid)
 
+    async def open_tunnel(self, port: int) -> GuestTunnel:
+        """Connect to ``port`` on the sandbox's loopback through the agent (its ``tunnel`` feature).
+
+        Raises ConnectionRefusedError when nothing listens there.
+        """
+        rid, request = self._open(streaming=True)
+        request.send_credit = WINDOW
+        request.credit_ready = asyncio.Event()
+        try:
+            await self._send({"id": rid, "op": "tunnel", "port": port})
+            header, _ = await self._next(rid, request)  # "open", or an error such as "refused"
+        except BaseException:
+            self._finish(rid, done=False)
+            raise
+        tunnel = GuestTunnel(self, rid, request)
+        if header.get("ev") != "open":
+            await tunnel.aclose()
+            raise GuestProtocolError(f"the agent in {self._label} answered a tunnel with {header.get('ev')!r}")
+        return tunnel
+
     async def write(self, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None, **args: Any) -> int:
         """Stream ``data`` into ``path`` (parents created); returns the bytes written."""
         rid, request = self._open()
@@ -515,6 +574,78 @@ class GuestTerminal:
                     await self._conn._kill(self.target)
 
 
+class GuestTunnel:
+    """A TCP connection to a port inside the sandbox, relayed by the agent: read, write, half-close, close.
+
+    Reads take one frame at a time (the agent's window bounds what waits); writes wait for the agent's credit, so
+    a server that does not read slows the writer instead of filling the agent's memory.
+    """
+
+    def __init__(self, conn: GuestConnection, rid: int, request: _Request) -> None:
+        self._conn = conn
+        self.target = rid
+        self._request = request
+        self._server_done = False  # the server shut its side (eof), or the tunnel ended
+        self._finished = False
+        self._closed = False
+
+    async def read(self) -> bytes:
+        """The server's next bytes; ``b""`` once it has shut its side."""
+        if self._server_done:
+            return b""
+        header, payload = await self._conn._next(self.target, self._request, None)  # a server may idle for long
+        event = header.get("ev")
+        if event == "data":
+            return payload
+        if event not in ("eof", "end"):
+            reason = f"the agent sent a tunnel frame {str(event)[:40]!r}"
+            self._conn.violation = reason
+            if self._conn._on_violation is not None:
+                self._conn._on_violation(reason)
+            await self._conn.aclose()
+            raise GuestProtocolError(reason)
+        self._server_done = True
+        if event == "end":
+            self._finished = True
+            self._conn._finish(self.target, done=True)
+        return b""
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the server, in pieces as the agent grants credit."""
+        request = self._request
+        assert request.credit_ready is not None
+        assert request.send_credit is not None
+        view = memoryview(data)
+        while view:
+            while request.send_credit <= 0:
+                if self._conn.closed:
+                    raise self._conn._lost_error()
+                if self._finished or request.send_closed:  # ended or failed: nothing takes bytes any more
+                    raise BrokenPipeError("the connection to the server inside the workspace has ended")
+                request.credit_ready.clear()
+                await request.credit_ready.wait()
+            size = min(len(view), request.send_credit, _WRITE_CHUNK)
+            request.send_credit -= size
+            await self._conn._send({"id": self.target, "op": "data"}, bytes(view[:size]))
+            view = view[size:]
+
+    async def write_eof(self) -> None:
+        """Shut the sending side: the server reads end of stream once it has taken what was sent."""
+        if not self._finished:
+            await self._conn._send({"id": self.target, "op": "eof"})
+
+    async def aclose(self) -> None:
+        """Close the connection (the agent closes its socket); frames still on their way are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self._finished:
+            self._conn._finish(self.target, done=False)
+            if not self._conn.closed:
+                with contextlib.suppress(Exception):
+                    await self._conn._kill(self.target)
+
+
 WatchBatch = tuple[list[tuple[str, str]], int]
 """One frame of a watch: its ``(name, type)`` events, and how many events the agent dropped before them."""
 _WATCH_TYPES = frozenset({"create", "write", "remove", "rename", "chmod"})
@@ -542,6 +673,10 @@ def _agent_error(header: dict[str, Any]) -> Exception:
         return WorkspaceFileNotFoundError(message)
     if kind in ("invalid", "escape"):
         return InvalidRequestError(message)
+    if kind == "refused":
+        return ConnectionRefusedError(message)
+    if kind == "busy":
+        return TooManyRequestsError(message)
     if kind == "no_space":
         return ResourceLimitError(f"workspace disk is full: {message}")
     return FileOperationError(message, details={"kind": str(kind)[:40]})

@@ -36,6 +36,7 @@ from corral.guest.client import (
     GuestConnectionLost,
     GuestProtocolError,
     GuestTerminal,
+    GuestTunnel,
     WatchBatch,
 )
 from corral.providers.base import (
@@ -57,7 +58,7 @@ from corral.providers.base import (
     collect_exec,
 )
 
-__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "AgentPty", "ExecGate", "file_info_from_json"]
+__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "AgentPortStream", "AgentPty", "ExecGate", "file_info_from_json"]
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +414,30 @@ class AgentBackedProvider:
             raise await self._lost(workspace_id, exc) from None
         return AgentPty(self, workspace_id, terminal, request.timeout_s)
 
+    # --- ports ------------------------------------------------------------------------------------------------------
+
+    async def open_port(self, workspace_id: str, port: int) -> AgentPortStream:
+        """Connect to ``port`` on the workspace's loopback through its agent (see
+        :class:`~corral.providers.base.PortTunnel`): no network needed, the agent relays the bytes.
+
+        Like a terminal, a connection takes none of the workspace's exec slots; each holds one of the agent's
+        worker threads while it is open.
+        """
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+            raise InvalidRequestError(f"port must be a number from 1 to 65535, got {port!r}", details={"port": port})
+        conn = await self._agent(workspace_id)
+        if "tunnel" not in conn.features:
+            raise InvalidRequestError(
+                f"the agent of workspace {workspace_id} predates port tunnels; stop and resume the workspace to "
+                "upgrade it",
+                details={"capability": "port_tunnel"},
+            )
+        try:
+            tunnel = await conn.open_tunnel(port)
+        except GuestConnectionLost as exc:
+            raise await self._lost(workspace_id, exc) from None
+        return AgentPortStream(self, workspace_id, tunnel)
+
     # --- files ------------------------------------------------------------------------------------------------------
     #
     # With ``beneath`` the agent resolves every path one component at a time from a descriptor of that directory and
@@ -629,6 +654,43 @@ class AgentPty:
     async def kill(self) -> None:
         """Kill the command's process group; :meth:`events` then ends with its exit."""
         await self._call(self._terminal.kill())
+
+    async def _call(self, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except GuestConnectionLost as exc:
+            raise await self._provider._lost(self._workspace_id, exc) from None
+
+
+class AgentPortStream:
+    """A connection to a port inside a workspace, relayed by its agent (a :class:`~corral.providers.base.PortStream`).
+
+    A lost agent connection is raised as the workspace's real state (see :meth:`AgentBackedProvider._lost`).
+    """
+
+    def __init__(self, provider: AgentBackedProvider, workspace_id: str, tunnel: GuestTunnel) -> None:
+        self._provider = provider
+        self._workspace_id = workspace_id
+        self._tunnel = tunnel
+
+    async def read(self) -> bytes:
+        """The server's next bytes; ``b""`` once it has shut its side."""
+        try:
+            return await self._tunnel.read()
+        except GuestConnectionLost as exc:
+            raise await self._provider._lost(self._workspace_id, exc) from None
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data``, as fast as the server takes it."""
+        await self._call(self._tunnel.write(data))
+
+    async def write_eof(self) -> None:
+        """Shut the sending side."""
+        await self._call(self._tunnel.write_eof())
+
+    async def aclose(self) -> None:
+        """Close the connection (the agent closes its socket)."""
+        await self._tunnel.aclose()
 
     async def _call(self, call: Awaitable[None]) -> None:
         try:

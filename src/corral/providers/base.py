@@ -69,6 +69,8 @@ __all__ = [
     "NetworkMode",
     "Persistence",
     "PortDialer",
+    "PortStream",
+    "PortTunnel",
     "PtyHost",
     "PtyRequest",
     "PtySession",
@@ -677,6 +679,39 @@ class PortDialer(Protocol):
         """The ``(host, port)`` at which the server on ``port`` inside a running, networked workspace is reached from
         the host. A workspace that is not running raises :class:`~corral.errors.WorkspaceStateError`; one without a
         network raises :class:`~corral.errors.InvalidRequestError`."""
+
+
+class PortStream(Protocol):
+    """A byte stream to a server listening inside a workspace, as :meth:`PortTunnel.open_port` returns it.
+
+    Every call may raise OSError when the connection breaks, or a :class:`~corral.errors.CorralError` when the
+    workspace stops under it.
+    """
+
+    async def read(self) -> bytes:
+        """The server's next bytes (as many as have arrived); ``b""`` once the server has shut its side."""
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data``; waits while the server is slow to take bytes (the memory held for it is bounded)."""
+
+    async def write_eof(self) -> None:
+        """Shut the sending side (the server reads end of stream); reading goes on."""
+
+    async def aclose(self) -> None:
+        """Close the connection in both directions."""
+
+
+@runtime_checkable
+class PortTunnel(Protocol):
+    """Optional sub-interface of providers that reach ports inside workspaces without any network (preview URLs of
+    isolated workspaces): a connection to the workspace's loopback, relayed by its guest agent."""
+
+    async def open_port(self, workspace_id: str, port: int) -> PortStream:
+        """Connect to ``port`` (1-65535) on the loopback inside a running workspace.
+
+        Raises ConnectionRefusedError when nothing listens there, :class:`~corral.errors.WorkspaceStateError` when
+        the workspace is not running, and :class:`~corral.errors.InvalidRequestError` for a port out of range or an
+        agent too old to tunnel."""
 
 
 def __getattr__(name: str) -> type[WorkspaceState]:
