@@ -212,6 +212,10 @@ class Settings(BaseSettings):
     answers this domain as each sandbox's ``domain``. Point a wildcard DNS name (``*.{domain}``) at Corral. Unset:
     no host routing (the path route ``/api/v1/agent/workspaces/{id}/ports/{port}/...`` still works)."""
 
+    egress_hosts_file: Path | None = None
+    """CORRAL_EGRESS_HOSTS_FILE: an /etc/hosts-style file the egress proxy reads before DNS when it resolves a host
+    name a workspace's ``allow_out`` lets through (internal names; re-read when it changes). Unset: DNS only."""
+
     def default_limits(self) -> ResourceLimits:
         """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""
         return ResourceLimits.parse({"cpu": self.default_cpu, "memory": self.default_memory, "disk": self.default_disk})

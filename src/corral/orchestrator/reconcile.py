@@ -121,3 +121,13 @@ async def _reconcile_record(
     elif state is WorkspaceState.RUNNING and record.status in ("stopped", "paused"):
         await service.mark_status(workspace_id, "ready")
         report.marked_ready.append(workspace_id)
+    if state is not WorkspaceState.MISSING and "egress" in record.metadata:
+        try:
+            await service.restore_egress(workspace_id)
+        except CorralError as exc:
+            # Fail closed: a running workspace whose rules cannot be put back is stopped, not left unrestricted.
+            log.warning("reconcile: egress rules of %s could not be restored (%s); stopping it", workspace_id, exc)
+            try:
+                await service.stop(workspace_id)
+            except CorralError as stop_exc:
+                log.warning("reconcile: could not stop %s either: %s", workspace_id, stop_exc)

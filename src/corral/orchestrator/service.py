@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from corral.egress import EgressPolicy
 from corral.errors import (
     AllProvidersFailedError,
     CorralError,
@@ -51,6 +52,7 @@ from corral.providers.base import (
     DirEventStream,
     DirWatcher,
     DiskUsageReporter,
+    EgressControl,
     EventSource,
     ExecRequest,
     ExecResult,
@@ -77,6 +79,9 @@ NO_AUTO_PROVIDER = "no provider that auto selection may use is configured (fake 
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+
+EGRESS_KEY = "egress"
+"""The metadata key under which a workspace's egress rules are kept (``EgressPolicy.to_json``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -828,6 +833,42 @@ class WorkspaceService:
         provider, _ = await self.snapshotter(workspace_id)
         async with self._held(workspace_id):
             return await provider.snapshot(workspace_id, snapshot_id)
+
+    async def set_egress(self, workspace_id: str, policy: EgressPolicy | None) -> WorkspaceRecord:
+        """Put egress rules in force in a networked workspace (None lifts them), now and after every resume; they
+        are kept in its metadata under ``"egress"`` so a restarted server puts them back (see ``restore_egress``).
+
+        Raises:
+            InvalidRequestError: The workspace is isolated, or its provider cannot enforce rules.
+        """
+        provider, record = await self._operable(workspace_id, allow_stopped=True)
+        if record.network != "default":
+            raise InvalidRequestError(
+                f"workspace {workspace_id} has no network (isolated): egress rules apply to networked workspaces",
+                details={"id": workspace_id, "field": "network"},
+            )
+        if not isinstance(provider, EgressControl):
+            raise InvalidRequestError(
+                f"provider {record.provider} cannot enforce egress rules; gvisor and docker can",
+                details={"id": workspace_id, "provider": record.provider},
+            )
+        async with self._held(workspace_id):
+            await provider.set_egress(workspace_id, policy)
+        metadata = {k: v for k, v in record.metadata.items() if k != EGRESS_KEY}
+        if policy is not None and policy.restricts:
+            metadata[EGRESS_KEY] = policy.to_json()
+        return await self.set_metadata(workspace_id, metadata)
+
+    async def restore_egress(self, workspace_id: str) -> None:
+        """Give the provider back the rules a workspace's metadata keeps (after a restart: the kernel still holds
+        them in a running workspace, but this process's proxy and the rules for its next start are gone)."""
+        record = await self.get(workspace_id)
+        stored = record.metadata.get(EGRESS_KEY)
+        if not isinstance(stored, dict) or record.provider not in self.providers:
+            return
+        provider = self.providers[record.provider]
+        if isinstance(provider, EgressControl):
+            await provider.set_egress(workspace_id, EgressPolicy.from_json(stored))
 
     @contextlib.asynccontextmanager
     async def _held(self, workspace_id: str) -> AsyncIterator[None]:

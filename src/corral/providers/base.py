@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
+from corral.egress.policy import EgressPolicy
 from corral.errors import ExecTimeoutError, InvalidRequestError, ProviderUnavailableError
 from corral.streams import ByteStream
 from corral.values import (
@@ -57,6 +58,7 @@ __all__ = [
     "DirEventType",
     "DirWatcher",
     "DiskUsageReporter",
+    "EgressControl",
     "EventSource",
     "ExecExit",
     "ExecMode",
@@ -669,6 +671,17 @@ class DeathWatcher(Protocol):
 
     def known_dead(self, workspace_id: str) -> bool:
         """True when the workspace is known to have stopped since it was created or resumed (no I/O)."""
+
+
+@runtime_checkable
+class EgressControl(Protocol):
+    """Optional sub-interface of providers that enforce egress rules in their networked workspaces (see
+    :mod:`corral.egress`)."""
+
+    async def set_egress(self, workspace_id: str, policy: EgressPolicy | None) -> None:
+        """Put ``policy`` in force now (if the workspace runs) and at every later start; None lifts every rule. An
+        isolated workspace raises :class:`~corral.errors.InvalidRequestError`; rules that cannot be applied raise
+        :class:`~corral.errors.ProviderUnavailableError` and leave the workspace stopped rather than unrestricted."""
 
 
 @runtime_checkable

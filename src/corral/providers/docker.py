@@ -34,6 +34,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal
 
+from corral.egress import EgressController, EgressPolicy, nameservers_of
 from corral.errors import (
     CorralError,
     InvalidRequestError,
@@ -146,6 +147,9 @@ class DockerProvider(AgentBackedProvider):
         snapshot_dir: Path = DEFAULT_SNAPSHOT_DIR,
     ) -> None:
         self.engine = engine
+        self.egress = EgressController()
+        self._egress_policies: dict[str, EgressPolicy] = {}  # workspace id -> rules to put in force at each start
+        self._networks: dict[str, NetworkMode] = {}  # workspace id -> its network mode, once this process knows it
         self.snapshot_dir = snapshot_dir
         self.owner = owner
         self.agent_runtime = AgentRuntime(engine, image=agent_image, root=agent_runtime_dir, provider=self.name)
@@ -173,6 +177,20 @@ class DockerProvider(AgentBackedProvider):
         """The dockerd runtime for a workspace with this network mode."""
         del network
         return "runc"
+
+    def keeps_memory(self, network: NetworkMode) -> bool:
+        """Whether pause and snapshot keep processes and memory for a workspace with this network mode."""
+        del network
+        return self.memory_checkpoints
+
+    async def _network_of(self, workspace_id: str) -> NetworkMode:
+        network = self._networks.get(workspace_id)
+        if network is None:
+            volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
+            label = ((volume or {}).get("Labels") or {}).get(LABEL_SPEC)
+            network = _spec_from_json(workspace_id, label).network if label else "isolated"
+            self._networks[workspace_id] = network
+        return network
 
     async def check_runtime(self) -> None:
         """Raise ProviderUnavailableError when the runtime this provider needs is not registered."""
@@ -216,6 +234,7 @@ class DockerProvider(AgentBackedProvider):
         return workspace_id in self._dead
 
     async def _start_container(self, spec: WorkspaceSpec) -> None:
+        self._networks[spec.id] = spec.network
         self._dead.discard(spec.id)
         self._expected_exits.discard(spec.id)
         self._ensure_event_watch()
@@ -230,6 +249,18 @@ class DockerProvider(AgentBackedProvider):
             raise self._translate(exc, spec.id, image=spec.image) from exc
 
     async def _start(self, workspace_id: str, checkpoint: str | None = None) -> None:
+        """Start (or restore) the workspace's container, and put its egress rules in force before anything else runs
+        a command there. A workspace whose rules cannot be applied does not stay running."""
+        await self._start_container_process(workspace_id, checkpoint)
+        if workspace_id in self._egress_policies:
+            try:
+                await self._apply_egress(workspace_id)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call(self.engine.stop_container(container_name(workspace_id))))
+                raise
+
+    async def _start_container_process(self, workspace_id: str, checkpoint: str | None) -> None:
         """Start (or restore) the workspace's container, and note when: older die events are no news."""
         self._dead.discard(workspace_id)
         self._expected_exits.discard(workspace_id)
@@ -295,6 +326,9 @@ class DockerProvider(AgentBackedProvider):
         """Remove container (its checkpoints with it) and volume. Idempotent."""
         await self._drop_agent(workspace_id)
         self._forget_gate(workspace_id)
+        self._egress_policies.pop(workspace_id, None)
+        self._networks.pop(workspace_id, None)
+        await self.egress.release(workspace_id)
         await self._remove_all(workspace_id)
 
     async def _remove_all(self, workspace_id: str) -> None:
@@ -328,6 +362,7 @@ class DockerProvider(AgentBackedProvider):
         await self._drop_agent(workspace_id)
         self._expected_exits.add(workspace_id)
         await self._call(self.engine.stop_container(container_name(workspace_id)))
+        await self.egress.release(workspace_id)  # its namespace went with the container; the rules stay kept
         if self.memory_checkpoints:
             await self._call(self.engine.remove_checkpoint(container_name(workspace_id), PAUSE_CHECKPOINT))
 
@@ -392,7 +427,7 @@ class DockerProvider(AgentBackedProvider):
         """Under gVisor: checkpoint processes, memory and open files into the container and stop it ("memory").
         Under runc: a stop, keeping the whole disk ("filesystem"). Commands in flight end; background processes
         (``nohup``, ``setsid``) are part of the memory image."""
-        if not self.memory_checkpoints:
+        if not self.memory_checkpoints or not self.keeps_memory(await self._network_of(workspace_id)):
             await self.stop(workspace_id)  # raises WorkspaceNotFoundError for a missing workspace
             return "filesystem"
         await self._settle(workspace_id)
@@ -414,6 +449,7 @@ class DockerProvider(AgentBackedProvider):
                 f"workspace {workspace_id} is stopped; only a running workspace can be paused",
                 details={"id": workspace_id},
             ) from None
+        await self.egress.release(workspace_id)  # its namespace went with the container; the rules stay kept
         return "memory"
 
     async def _checkpoint(self, workspace_id: str, name: str) -> None:
@@ -479,11 +515,12 @@ class DockerProvider(AgentBackedProvider):
         target = self.snapshot_dir / snapshot_id
         labels = {**self._owner_labels(), LABEL_SNAPSHOT: snapshot_id, LABEL_SPEC: _spec_json(spec)}
         _check_snapshot_id(snapshot_id)
+        memory = self.keeps_memory(spec.network)
         try:
             self.snapshot_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             self.snapshot_dir.chmod(0o700)  # memory images inside: no other user of the host reads them
             target.mkdir(mode=0o700, exist_ok=False)
-            if self.memory_checkpoints:
+            if memory:
                 await self._checkpoint(workspace_id, checkpoint)
                 await self._settle(workspace_id)  # copied while still
                 try:
@@ -513,8 +550,50 @@ class DockerProvider(AgentBackedProvider):
                     self.name, f"snapshot of workspace {workspace_id} failed: {exc}"
                 ) from exc
             raise
-        kind: Literal["memory", "filesystem"] = "memory" if self.memory_checkpoints else "filesystem"
+        kind: Literal["memory", "filesystem"] = "memory" if memory else "filesystem"
         return SnapshotInfo(kind, await self._snapshot_size(snapshot_id, spec.image))
+
+    async def set_egress(self, workspace_id: str, policy: EgressPolicy | None) -> None:
+        """See :class:`~corral.providers.base.EgressControl`: rules in the container's network namespace, kept for
+        every later start."""
+        info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        if info is None:
+            raise WorkspaceNotFoundError(f"workspace {workspace_id} does not exist", details={"id": workspace_id})
+        if (info.get("HostConfig") or {}).get("NetworkMode") == "none":
+            raise InvalidRequestError(
+                f"workspace {workspace_id} has no network (isolated): egress rules apply to networked workspaces",
+                details={"id": workspace_id, "field": "network"},
+            )
+        if policy is None or not policy.restricts:
+            self._egress_policies.pop(workspace_id, None)
+            if info["State"].get("Running"):
+                await self._apply_egress(workspace_id, EgressPolicy(), info)
+            await self.egress.release(workspace_id)
+            return
+        self._egress_policies[workspace_id] = policy
+        if info["State"].get("Running"):
+            await self._apply_egress(workspace_id, policy, info)
+
+    async def _apply_egress(
+        self, workspace_id: str, policy: EgressPolicy | None = None, info: dict[str, Any] | None = None
+    ) -> None:
+        policy = policy if policy is not None else self._egress_policies[workspace_id]
+        if info is None:
+            info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
+        pid = int(((info or {}).get("State") or {}).get("Pid") or 0)
+        if not pid:
+            raise WorkspaceStateError(f"workspace {workspace_id} is not running", details={"id": workspace_id})
+        nameservers: list[str] = []
+        resolv_conf = str((info or {}).get("ResolvConfPath") or "")
+        if resolv_conf:
+            with contextlib.suppress(OSError):
+                nameservers = nameservers_of(await asyncio.to_thread(Path(resolv_conf).read_text))
+        try:
+            await self.egress.apply(workspace_id, pid, policy, nameservers)
+        except OSError as exc:
+            raise ProviderUnavailableError(
+                self.name, f"egress rules for workspace {workspace_id} could not be put in force: {exc}"
+            ) from exc
 
     async def resource_usage(self, workspace_id: str) -> ResourceUsage:
         """CPU time and memory now, from the engine's one-shot stats (the cgroup's counters, as ``docker stats``), and
@@ -592,6 +671,7 @@ class DockerProvider(AgentBackedProvider):
             )
         await self.check_runtime()
         spec = dataclasses.replace(spec, image=snapshot_image(snapshot_id))
+        self._networks[spec.id] = spec.network
         labels = self._labels(spec.id)
         checkpoint = self.snapshot_dir / snapshot_id / "checkpoint"
         name = f"corral-snap-{snapshot_id}"
@@ -850,6 +930,7 @@ class DockerProvider(AgentBackedProvider):
         """Close agent streams and the engine client; containers keep running."""
         for workspace_id in {*self._agents, *self._warmups}:
             await self._drop_agent(workspace_id)
+        await self.egress.aclose()
         if self._events_task is not None:
             self._events_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

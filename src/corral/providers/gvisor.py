@@ -71,6 +71,12 @@ class GVisorProvider(DockerProvider):
         """runsc without a network for isolated workspaces, runsc-net for networked ones."""
         return self.runtime if network == "isolated" else self.net_runtime
 
+    def keeps_memory(self, network: NetworkMode) -> bool:
+        """Only isolated workspaces: networked ones run with ``--network=host`` (the sandbox's sockets are the host
+        kernel's, in the container's namespace), and runsc cannot checkpoint host sockets ("checkpoint not supported
+        when using hostinet"). Their pause and snapshots keep the whole disk, and they start cold."""
+        return network == "isolated"
+
     async def check_runtime(self) -> None:
         """Both runtimes must be registered with dockerd (the answer is cached for a few seconds)."""
         if time.monotonic() - self._runtimes_checked_at < _RUNTIME_CACHE_S:

@@ -32,8 +32,10 @@ How E2B concepts map onto Corral:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
 import math
 import re
 import time
@@ -48,6 +50,7 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
 from corral.api.e2b._errors import E2BApiError, e2b_error, status_of
+from corral.api.e2b._network import egress_of_create, egress_of_update, isolated, network_json
 from corral.api.e2b._snapshots import FILESYSTEM_ONLY, filesystem_only, lookup, snapshot_json
 from corral.api.e2b._state import (
     DEFAULT_TIMEOUT_S,
@@ -56,6 +59,7 @@ from corral.api.e2b._state import (
     SandboxExtras,
     clamp_timeout,
 )
+from corral.egress import EgressPolicy
 from corral.errors import CorralError, InvalidRequestError, WorkspaceNotFoundError
 from corral.orchestrator.service import CreateWorkspace
 from corral.providers.base import parse_cpu, parse_size
@@ -184,16 +188,6 @@ def _timeout(body: Mapping[str, Any], default: int) -> int:
     return timeout
 
 
-def _isolated(body: Mapping[str, Any]) -> bool:
-    if body.get("allow_internet_access") is False:
-        return True
-    network = body.get("network")
-    if isinstance(network, dict):
-        deny = network.get("denyOut") or network.get("deny_out") or []
-        return isinstance(deny, list) and "0.0.0.0/0" in deny
-    return False
-
-
 def _public_traffic(body: Mapping[str, Any]) -> bool:
     network = body.get("network")
     if not isinstance(network, dict):
@@ -279,6 +273,7 @@ def detail_json(state: E2BState, record: WorkspaceRecord, view: View) -> dict[st
         **listed_json(record, view),
         "envdAccessToken": state.access_token(record.id),
         "allowInternetAccess": record.network == "default",
+        "network": network_json(record, allow_public_traffic=extras.allow_public_traffic),
         "domain": state.service.settings.sandbox_domain,
         "lifecycle": {"autoResume": extras.auto_resume, "onTimeout": "pause" if extras.auto_pause else "kill"},
     }
@@ -360,20 +355,22 @@ async def _create(request: Request, default_timeout: int) -> JSONResponse:
         auto_pause_memory=auto_pause_memory,
         auto_resume=auto_resume,
         timeout_s=timeout,
-        allow_internet_access=not _isolated(body),
+        allow_internet_access=not isolated(body),
         allow_public_traffic=_public_traffic(body),
     )
+    egress = egress_of_create(body)
     # Whether the request chose the network, or leaves it to the snapshot it may be created from.
     network_given = body.get("allow_internet_access") is not None or body.get("network") is not None
     key = request.headers.get("idempotency-key")
     if not key:
-        return JSONResponse(sandbox_json(state, await _new_sandbox(state, extras, network_given)), status_code=201)
+        record = await _new_sandbox(state, extras, network_given, egress)
+        return JSONResponse(sandbox_json(state, record), status_code=201)
     async with state.idempotency_lock(key):  # the SDK retries a create with the same key
         known = state.remembered(key)
         if known is not None:
             record, _ = await _visible(state, known)
         else:
-            record = await _new_sandbox(state, extras, network_given)
+            record = await _new_sandbox(state, extras, network_given, egress)
         state.remember(key, record.id)
     return JSONResponse(sandbox_json(state, record), status_code=201)
 
@@ -393,7 +390,9 @@ async def _snapshot_for(state: E2BState, template: str) -> SnapshotRecord | None
     return ready[0] if ready else None
 
 
-async def _new_sandbox(state: E2BState, extras: SandboxExtras, network_given: bool) -> WorkspaceRecord:
+async def _new_sandbox(
+    state: E2BState, extras: SandboxExtras, network_given: bool, egress: EgressPolicy | None = None
+) -> WorkspaceRecord:
     service = state.service
     snapshot = await _snapshot_for(state, extras.template)
     if snapshot is None:
@@ -408,6 +407,14 @@ async def _new_sandbox(state: E2BState, extras: SandboxExtras, network_given: bo
     else:
         record = await _restore(state, snapshot, extras, network_given)
         extras = replace(extras, allow_internet_access=record.network == "default")
+    if egress is not None:
+        # In force before the create answers: nothing of the caller's has run in the sandbox yet.
+        try:
+            record = await service.set_egress(record.id, egress)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(service.destroy(record.id))
+            raise
     now = time.time()  # the timeout counts from when the sandbox is ready, not from the request
     return await state.save(record, replace(extras, started_at=now, end_at=now + extras.timeout_s))
 
@@ -643,6 +650,21 @@ async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
     return JSONResponse(detail_json(state, record, view))
 
 
+async def update_network(sandbox_id: str, request: Request) -> Response:
+    """Replace a running sandbox's egress rules (``Sandbox.update_network``): in force when this answers."""
+    state = get_state(request)
+    policy = egress_of_update(await _body(request))
+    record, _ = await _visible(state, sandbox_id)
+    if record.network != "default":
+        raise E2BApiError(
+            400,
+            f"sandbox {sandbox_id} was created without network access (allow_internet_access=False and no "
+            "allowOut): it has no network to set rules on; create it with network rules instead",
+        )
+    await state.service.set_egress(sandbox_id, policy)
+    return Response(status_code=204)
+
+
 async def kill(sandbox_id: str, request: Request) -> Response:
     """Kill the sandbox (running or paused): its workspace is destroyed. It is refused at once, so its envd health
     check says it is gone before its commands' streams end; 404 once it is gone or being killed."""
@@ -835,6 +857,7 @@ def control_router() -> APIRouter:
         ("GET", "/sandboxes/{sandbox_id}", get_sandbox, 200),
         ("DELETE", "/sandboxes/{sandbox_id}", kill, 204),
         ("POST", "/sandboxes/{sandbox_id}/timeout", set_timeout, 204),
+        ("PUT", "/sandboxes/{sandbox_id}/network", update_network, 204),
         ("POST", "/sandboxes/{sandbox_id}/refreshes", refresh, 204),
         ("POST", "/sandboxes/{sandbox_id}/pause", pause, 204),
         ("POST", "/sandboxes/{sandbox_id}/resume", resume, 201),
