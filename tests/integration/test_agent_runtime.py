@@ -4,6 +4,7 @@ workspace container mounts them."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 import uuid
@@ -57,3 +58,20 @@ async def test_earlier_runtimes_are_removed_unless_a_container_mounts_them_or_th
     finally:
         await docker_engine.remove_container(name)
         _unmount_all(root)  # ensure() sealed the current one as a read-only mount: undo it
+
+
+async def test_a_runtime_collected_under_a_running_server_is_built_again(
+    tmp_path: Path, docker_engine: DockerEngine
+) -> None:
+    """When another Corral process removed the runtime this one uses (no container mounted it), the next ensure()
+    builds it again instead of handing out a path that no longer exists."""
+    root = tmp_path / "runtimes"
+    runtime = AgentRuntime(docker_engine, image=BASE_IMAGE, root=root)
+    try:
+        first = Path(await runtime.ensure())
+        _unmount_all(root)
+        shutil.rmtree(first)
+        again = Path(await runtime.ensure())
+        assert (again / "agent.py").is_file() and (again / "spawner").is_file()
+    finally:
+        _unmount_all(root)

@@ -209,10 +209,12 @@ class AgentRuntime:
         Raises:
             ProviderUnavailableError: the base image is missing or the runtime cannot be built from it.
         """
-        if self._path is not None:
+        if self._path is not None and _present(self._path):
             return self._path
+        # First call, or the directory went away under a long-running server (another Corral version on this host
+        # collected it while no container mounted it): build it (again).
         async with self._lock:
-            if self._path is None:
+            if self._path is None or not _present(self._path):
                 self._path = await self._ensure()
                 await self._collect_unused(Path(self._path))
         return self._path
@@ -379,6 +381,11 @@ def _read_only_mount(directory: Path) -> bool:
         if len(fields) > 5 and fields[4].encode().decode("unicode_escape") == target:
             found = "ro" in fields[5].split(",")
     return found
+
+
+def _present(directory: str) -> bool:
+    """Whether a runtime directory still holds its agent (one stat of a local file: cheap enough for the loop)."""
+    return os.path.isfile(os.path.join(directory, "agent.py"))
 
 
 def _unused_runtimes(root: Path, current: Path, mounted: list[str]) -> list[Path]:
