@@ -212,6 +212,12 @@ class Settings(BaseSettings):
     answers this domain as each sandbox's ``domain``. Point a wildcard DNS name (``*.{domain}``) at Corral. Unset:
     no host routing (the path route ``/api/v1/agent/workspaces/{id}/ports/{port}/...`` still works)."""
 
+    egress_always_deny: str = "169.254.0.0/16,bridge"
+    """CORRAL_EGRESS_ALWAYS_DENY: what every networked workspace is denied whatever its rules say, unless its
+    ``allow_out`` names the address: comma-separated CIDR blocks, and ``bridge`` for its own bridge network (other
+    workspaces, and the host's address there). The default also keeps cloud metadata services (169.254.169.254) out
+    of reach. Empty: nothing beyond each workspace's rules."""
+
     egress_hosts_file: Path | None = None
     """CORRAL_EGRESS_HOSTS_FILE: an /etc/hosts-style file the egress proxy reads before DNS when it resolves a host
     name a workspace's ``allow_out`` lets through (internal names; re-read when it changes). Unset: DNS only."""

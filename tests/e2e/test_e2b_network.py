@@ -63,7 +63,9 @@ def e2b_server_fixture(tmp_path_factory: pytest.TempPathFactory, targets: dict[s
     data_dir = tmp_path_factory.mktemp("corral-e2b-network")
     hosts = data_dir / "egress-hosts"
     hosts.write_text(f"{targets['a']} {ALLOWED_NAME} {OTHER_NAME}\n")
-    server = start_server(data_dir, {"CORRAL_PROVIDERS": "gvisor", "CORRAL_EGRESS_HOSTS_FILE": str(hosts)})
+    # The targets stand for the internet here: let workspaces reach their bridge (denied by default, see below).
+    env = {"CORRAL_PROVIDERS": "gvisor", "CORRAL_EGRESS_HOSTS_FILE": str(hosts), "CORRAL_EGRESS_ALWAYS_DENY": ""}
+    server = start_server(data_dir, env)
     try:
         yield server
     finally:
@@ -241,7 +243,7 @@ def test_rules_survive_a_server_restart(tmp_path: Path, targets: dict[str, str])
     a, b = targets["a"], targets["b"]
     hosts = tmp_path / "egress-hosts"
     hosts.write_text(f"{a} {ALLOWED_NAME}\n")
-    env = {"CORRAL_PROVIDERS": "gvisor", "CORRAL_EGRESS_HOSTS_FILE": str(hosts)}
+    env = {"CORRAL_PROVIDERS": "gvisor", "CORRAL_EGRESS_HOSTS_FILE": str(hosts), "CORRAL_EGRESS_ALWAYS_DENY": ""}
     data_dir = tmp_path / "data"
     server = start_server(data_dir, env)
     try:
@@ -273,3 +275,45 @@ print(json.dumps(out))
         assert report["b"].startswith("failed"), report
     finally:
         stop_server(server)
+
+
+def test_by_default_neighbours_the_host_and_metadata_are_out_of_reach(tmp_path: Path, targets: dict[str, str]) -> None:
+    """With the default CORRAL_EGRESS_ALWAYS_DENY a networked sandbox with no rules reaches neither another container
+    on its bridge nor the host's bridge address; ``allow_out`` naming the neighbour's address opens it; and an
+    allowed host name that resolves to the bridge is refused by the proxy too."""
+    a = targets["a"]
+    gateway = json.loads(
+        subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True, check=True).stdout
+    )[0]["IPAM"]["Config"][0]["Gateway"]
+    hosts = tmp_path / "egress-hosts"
+    hosts.write_text(f"{a} {ALLOWED_NAME}\n")
+    server = start_server(tmp_path / "data", {"CORRAL_PROVIDERS": "gvisor", "CORRAL_EGRESS_HOSTS_FILE": str(hosts)})
+    try:
+        report = _script(
+            server,
+            tmp_path,
+            f"""
+plain = Sandbox.create()
+opened = Sandbox.create(network={{"allow_out": ["{a}"]}})
+named = Sandbox.create(network={{"allow_out": ["{ALLOWED_NAME}"], "deny_out": ["0.0.0.0/0"]}})
+named.commands.run("echo '{a} {ALLOWED_NAME}' >> /etc/hosts", user="root")
+out = {{
+    "neighbour": fetch(plain, "http://{a}:8080/who"),
+    "host": fetch(plain, "http://{gateway}:1/"),
+    "metadata": fetch(plain, "http://169.254.169.254/"),
+    "opened": fetch(opened, "http://{a}:8080/who"),
+    "named": fetch(named, "http://{ALLOWED_NAME}:8080/who"),
+}}
+for sandbox in (plain, opened, named):
+    sandbox.kill()
+print(json.dumps(out))
+""",
+        )
+    finally:
+        stop_server(server)
+    assert report["neighbour"].startswith("failed"), report
+    assert report["host"].startswith("failed"), report
+    assert report["metadata"].startswith("failed"), report
+    assert report["opened"] == targets["a_name"], report
+    assert report["named"].startswith("failed"), report
+    assert "which workspaces may not reach" in server.log() or "always denied" in server.log(), server.log()[-3000:]

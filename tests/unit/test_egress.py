@@ -3,12 +3,14 @@ and reading a host name out of a connection's first bytes."""
 
 from __future__ import annotations
 
+import ipaddress
 import ssl
 import subprocess
 
 import pytest
 
 from corral.egress import EgressPolicy, host_allowed, render_rules
+from corral.egress.policy import parse_always_deny
 from corral.egress.proxy import hello_host
 from corral.errors import InvalidRequestError
 
@@ -100,3 +102,27 @@ def test_host_from_http_and_tls() -> None:
     hello = outgoing.read()
     assert hello_host(hello) == "api.corral.test"
     assert hello_host(hello[:20]) is None  # cut short: no name, no crash
+
+
+def test_always_denied_networks_are_rejected_after_the_allowed_ones() -> None:
+    """What is always denied is rejected even with no rules, after allowed addresses (allow wins) and after the
+    workspace's own nameservers, which stay reachable."""
+    base = [ipaddress.ip_network("172.17.0.0/16"), ipaddress.ip_network("169.254.0.0/16")]
+    rules = render_rules(
+        EgressPolicy.parse(allow_out=["172.17.0.9"]), version=4, proxy_port=None, nameservers=["172.17.0.1"],
+        base_deny=base,
+    ).splitlines()  # fmt: skip
+    allow = rules.index("-A OUTPUT -d 172.17.0.9/32 -j ACCEPT")
+    dns = rules.index("-A OUTPUT -d 172.17.0.1 -p udp --dport 53 -j ACCEPT")
+    reject = rules.index("-A OUTPUT -d 172.17.0.0/16 -p tcp -j REJECT --reject-with tcp-reset")
+    assert allow < reject and dns < reject
+    assert "-A OUTPUT -d 169.254.0.0/16 -j REJECT --reject-with icmp-admin-prohibited" in rules
+    assert "REDIRECT" not in "\n".join(rules)
+
+
+def test_always_deny_setting_is_checked() -> None:
+    """CORRAL_EGRESS_ALWAYS_DENY takes CIDR blocks and ``bridge``; anything else is a startup error naming it."""
+    assert parse_always_deny(" 169.254.0.0/16, bridge ,") == ("169.254.0.0/16", "bridge")
+    assert parse_always_deny("") == ()
+    with pytest.raises(ValueError, match="'lan' is neither a CIDR block nor 'bridge'"):
+        parse_always_deny("10.0.0.0/8,lan")

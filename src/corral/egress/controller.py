@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corral.egress import netns
-from corral.egress.policy import EgressPolicy, render_rules
+from corral.egress.policy import EgressPolicy, Network, render_rules
 from corral.egress.proxy import EgressProxy, Resolver
 
 __all__ = ["EgressController", "nameservers_of"]
@@ -51,8 +51,16 @@ class EgressController:
         applied = self._applied.get(workspace_id)
         return applied.policy if applied else None
 
-    async def apply(self, workspace_id: str, pid: int, policy: EgressPolicy, nameservers: Sequence[str] = ()) -> None:
-        """Put ``policy`` in force in the namespace of process ``pid``, replacing whatever was there.
+    async def apply(
+        self,
+        workspace_id: str,
+        pid: int,
+        policy: EgressPolicy,
+        nameservers: Sequence[str] = (),
+        base_deny: Sequence[Network] = (),
+    ) -> None:
+        """Put ``policy`` in force in the namespace of process ``pid``, replacing whatever was there; ``base_deny``
+        is denied whatever the policy says, unless its ``allow_out`` names the address (see ``render_rules``).
 
         Raises:
             OSError: The namespace cannot be entered, or the filter was refused. The caller must not let the
@@ -65,10 +73,12 @@ class EgressController:
             try:
                 port = None
                 if policy.needs_proxy:
-                    applied.proxy = EgressProxy(workspace_id, ns_fd, policy, self.resolver)
+                    applied.proxy = EgressProxy(workspace_id, ns_fd, policy, self.resolver, base_deny)
                     port = await applied.proxy.start()
                 for version, command in ((4, "iptables-restore"), (6, "ip6tables-restore")):
-                    rules = render_rules(policy, version=version, proxy_port=port, nameservers=nameservers)
+                    rules = render_rules(
+                        policy, version=version, proxy_port=port, nameservers=nameservers, base_deny=base_deny
+                    )
                     await netns.apply_rules(ns_fd, command, rules)
                     applied.rules.append(rules)
             except BaseException:

@@ -26,7 +26,7 @@ from typing import Any
 
 from corral.errors import InvalidRequestError
 
-__all__ = ["ALL_TRAFFIC", "EGRESS_MARK", "EgressPolicy", "host_allowed", "render_rules"]
+__all__ = ["ALL_TRAFFIC", "EGRESS_MARK", "EgressPolicy", "Network", "host_allowed", "parse_always_deny", "render_rules"]
 
 ALL_TRAFFIC = "0.0.0.0/0"
 """E2B's sentinel for every destination."""
@@ -138,6 +138,11 @@ class EgressPolicy:
         return data
 
     @property
+    def empty(self) -> bool:
+        """Whether there are no rules at all (allowed addresses still matter: they open what is always denied)."""
+        return not (self.allow_networks or self.allow_hosts or self.deny_networks or self.dns_servers is not None)
+
+    @property
     def restricts(self) -> bool:
         """Whether anything is denied at all (nothing denied: every destination is allowed)."""
         return bool(self.deny_networks)
@@ -168,7 +173,14 @@ def host_allowed(policy: EgressPolicy, name: str) -> bool:
     return False
 
 
-def render_rules(policy: EgressPolicy, *, version: int, proxy_port: int | None, nameservers: Sequence[str] = ()) -> str:
+def render_rules(
+    policy: EgressPolicy,
+    *,
+    version: int,
+    proxy_port: int | None,
+    nameservers: Sequence[str] = (),
+    base_deny: Sequence[Network] = (),
+) -> str:
     """The ``iptables-restore`` (``version`` 4) or ``ip6tables-restore`` (6) input that enforces ``policy`` in a
     workspace's network namespace, replacing its ``filter`` and ``nat`` tables whole.
 
@@ -177,11 +189,14 @@ def render_rules(policy: EgressPolicy, *, version: int, proxy_port: int | None, 
         version: 4 or 6.
         proxy_port: Where the name-checking proxy listens on the namespace's loopback (IPv4 only), or None.
         nameservers: The workspace's own nameservers, allowed when ``policy.dns_servers`` is None and the policy
-            allows host names.
+            allows host names, and always when ``base_deny`` is in force.
+        base_deny: What every networked workspace is denied whatever its rules say (other workspaces, the host's
+            bridge address, link-local metadata services), unless ``allow_out`` names it by address.
     """
     lines = ["*filter", ":INPUT ACCEPT [0:0]", ":FORWARD ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]"]
     nat = ["*nat", *(f":{chain} ACCEPT [0:0]" for chain in ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"))]
-    if policy.restricts:
+    base = [n for n in base_deny if n.version == version]
+    if policy.restricts or base:
         allow = [n for n in policy.allow_networks if n.version == version]
         deny = [n for n in policy.deny_networks if n.version == version]
         if version == 6 and policy.denies_everything:
@@ -197,11 +212,12 @@ def render_rules(policy: EgressPolicy, *, version: int, proxy_port: int | None, 
             f"-A OUTPUT -m mark --mark {EGRESS_MARK:#x} -j ACCEPT",
         ]
         lines += [f"-A OUTPUT -d {n} -j ACCEPT" for n in allow]
+        servers = list(nameservers) if base else []
         if policy.allow_hosts:
-            servers = [str(s) for s in policy.dns_servers] if policy.dns_servers is not None else list(nameservers)
-            for server in servers:
-                if ipaddress.ip_address(server).version == version:
-                    lines += [f"-A OUTPUT -d {server} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
+            servers += [str(s) for s in policy.dns_servers] if policy.dns_servers is not None else list(nameservers)
+        for server in dict.fromkeys(servers):
+            if ipaddress.ip_address(server).version == version:
+                lines += [f"-A OUTPUT -d {server} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
         if deny and version == 4 and proxy_port is not None and policy.needs_proxy:
             # Outside the filter: the proxy's own sockets (marked) and allowed addresses go out directly; any other
             # TCP to a denied address is handed to the proxy, which checks the name it is for.
@@ -213,12 +229,26 @@ def render_rules(policy: EgressPolicy, *, version: int, proxy_port: int | None, 
             ]
         reject_tcp = "tcp-reset"
         unreachable = "icmp-admin-prohibited" if version == 4 else "icmp6-adm-prohibited"
-        for n in deny:
+        for n in dict.fromkeys([*deny, *base]):
             lines += [
                 f"-A OUTPUT -d {n} -p tcp -j REJECT --reject-with {reject_tcp}",
                 f"-A OUTPUT -d {n} -j REJECT --reject-with {unreachable}",
             ]
     return "\n".join([*lines, "COMMIT", *nat, "COMMIT", ""])
+
+
+def parse_always_deny(text: str) -> tuple[str, ...]:
+    """``CORRAL_EGRESS_ALWAYS_DENY``: comma-separated CIDR blocks, and ``bridge`` for the workspace's own bridge
+    network (other workspaces and the host's address on it).
+
+    Raises:
+        ValueError: An entry is neither.
+    """
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    for entry in entries:
+        if entry != "bridge" and _network(entry) is None:
+            raise ValueError(f"CORRAL_EGRESS_ALWAYS_DENY: {entry!r} is neither a CIDR block nor 'bridge'")
+    return entries
 
 
 # --- parsing helpers ------------------------------------------------------------------------------------------------

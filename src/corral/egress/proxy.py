@@ -20,10 +20,11 @@ import ipaddress
 import logging
 import socket
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 from corral.egress import netns
-from corral.egress.policy import EgressPolicy, host_allowed
+from corral.egress.policy import EgressPolicy, Network, host_allowed
 
 __all__ = ["EgressProxy", "Resolver", "hello_host"]
 
@@ -77,11 +78,19 @@ class Resolver:
 class EgressProxy:
     """One workspace's proxy: a listener on its loopback, served by this process's event loop."""
 
-    def __init__(self, workspace_id: str, ns_fd: int, policy: EgressPolicy, resolver: Resolver) -> None:
+    def __init__(
+        self,
+        workspace_id: str,
+        ns_fd: int,
+        policy: EgressPolicy,
+        resolver: Resolver,
+        base_deny: Sequence[Network] = (),
+    ) -> None:
         self.workspace_id = workspace_id
         self.ns_fd = ns_fd
         self.policy = policy
         self.resolver = resolver
+        self.base_deny = tuple(base_deny)
         self._server: asyncio.Server | None = None
         self._slots = asyncio.Semaphore(MAX_CONNECTIONS)
         self._tasks: set[asyncio.Task[None]] = set()
@@ -148,11 +157,23 @@ class EgressProxy:
     async def _dial(self, name: str, port: int) -> socket.socket:
         last: OSError | None = None
         for family, address in await self.resolver.resolve(name, port):
+            if not self._dialable(address[0]):
+                # An allowed name that resolves to another workspace, the host or a metadata service: the proxy's
+                # own connections pass the filter, so it must refuse what the filter would have.
+                log.info("workspace %s: %s resolves to %s, which is always denied", self.workspace_id, name, address[0])
+                last = OSError(f"{name} resolves to {address[0]}, which workspaces may not reach")
+                continue
             try:
                 return await netns.connect_marked(self.ns_fd, address, family, CONNECT_TIMEOUT_S)
             except OSError as exc:
                 last = exc
         raise last or OSError(f"{name} has no address")
+
+    def _dialable(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address)
+        if any(ip in network for network in self.policy.allow_networks if network.version == ip.version):
+            return True
+        return not any(ip in network for network in self.base_deny if network.version == ip.version)
 
 
 async def _read_hello(reader: asyncio.StreamReader) -> bytes:

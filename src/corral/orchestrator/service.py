@@ -855,7 +855,7 @@ class WorkspaceService:
         async with self._held(workspace_id):
             await provider.set_egress(workspace_id, policy)
         metadata = {k: v for k, v in record.metadata.items() if k != EGRESS_KEY}
-        if policy is not None and policy.restricts:
+        if policy is not None and not policy.empty:
             metadata[EGRESS_KEY] = policy.to_json()
         return await self.set_metadata(workspace_id, metadata)
 

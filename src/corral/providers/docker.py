@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from corral.egress import EgressController, EgressPolicy, nameservers_of
+from corral.egress.policy import Network
 from corral.errors import (
     CorralError,
     InvalidRequestError,
@@ -148,6 +150,8 @@ class DockerProvider(AgentBackedProvider):
     ) -> None:
         self.engine = engine
         self.egress = EgressController()
+        self.egress_always_deny: tuple[str, ...] = ()
+        """CIDR blocks (and ``bridge``) every networked workspace is denied (``CORRAL_EGRESS_ALWAYS_DENY``)."""
         self._egress_policies: dict[str, EgressPolicy] = {}  # workspace id -> rules to put in force at each start
         self._networks: dict[str, NetworkMode] = {}  # workspace id -> its network mode, once this process knows it
         self.snapshot_dir = snapshot_dir
@@ -252,7 +256,9 @@ class DockerProvider(AgentBackedProvider):
         """Start (or restore) the workspace's container, and put its egress rules in force before anything else runs
         a command there. A workspace whose rules cannot be applied does not stay running."""
         await self._start_container_process(workspace_id, checkpoint)
-        if workspace_id in self._egress_policies:
+        if workspace_id in self._egress_policies or (
+            self.egress_always_deny and await self._network_of(workspace_id) == "default"
+        ):
             try:
                 await self._apply_egress(workspace_id)
             except BaseException:
@@ -564,11 +570,10 @@ class DockerProvider(AgentBackedProvider):
                 f"workspace {workspace_id} has no network (isolated): egress rules apply to networked workspaces",
                 details={"id": workspace_id, "field": "network"},
             )
-        if policy is None or not policy.restricts:
+        if policy is None or policy.empty:
             self._egress_policies.pop(workspace_id, None)
             if info["State"].get("Running"):
-                await self._apply_egress(workspace_id, EgressPolicy(), info)
-            await self.egress.release(workspace_id)
+                await self._apply_egress(workspace_id, EgressPolicy(), info)  # what is always denied stays
             return
         self._egress_policies[workspace_id] = policy
         if info["State"].get("Running"):
@@ -577,7 +582,7 @@ class DockerProvider(AgentBackedProvider):
     async def _apply_egress(
         self, workspace_id: str, policy: EgressPolicy | None = None, info: dict[str, Any] | None = None
     ) -> None:
-        policy = policy if policy is not None else self._egress_policies[workspace_id]
+        policy = policy if policy is not None else self._egress_policies.get(workspace_id, EgressPolicy())
         if info is None:
             info = await self._call(self.engine.inspect_container(container_name(workspace_id)))
         pid = int(((info or {}).get("State") or {}).get("Pid") or 0)
@@ -589,11 +594,24 @@ class DockerProvider(AgentBackedProvider):
             with contextlib.suppress(OSError):
                 nameservers = nameservers_of(await asyncio.to_thread(Path(resolv_conf).read_text))
         try:
-            await self.egress.apply(workspace_id, pid, policy, nameservers)
+            await self.egress.apply(workspace_id, pid, policy, nameservers, self._always_denied(info or {}))
         except OSError as exc:
             raise ProviderUnavailableError(
                 self.name, f"egress rules for workspace {workspace_id} could not be put in force: {exc}"
             ) from exc
+
+    def _always_denied(self, info: dict[str, Any]) -> list[Network]:
+        """``egress_always_deny`` for this container, ``bridge`` read as the subnets of its networks."""
+        denied: list[Network] = []
+        for entry in self.egress_always_deny:
+            if entry != "bridge":
+                denied.append(ipaddress.ip_network(entry, strict=False))
+                continue
+            for network in ((info.get("NetworkSettings") or {}).get("Networks") or {}).values():
+                address, length = (network or {}).get("IPAddress"), (network or {}).get("IPPrefixLen")
+                if address and length:
+                    denied.append(ipaddress.ip_interface(f"{address}/{length}").network)
+        return denied
 
     async def resource_usage(self, workspace_id: str) -> ResourceUsage:
         """CPU time and memory now, from the engine's one-shot stats (the cgroup's counters, as ``docker stats``), and

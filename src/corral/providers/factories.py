@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from corral.egress import EgressController
+from corral.egress.policy import parse_always_deny
 from corral.providers._docker_engine import DockerEngine
 from corral.providers.docker import DockerProvider
 from corral.providers.fake import FakeProvider
@@ -53,6 +54,7 @@ def gvisor(settings: Settings) -> GVisorProvider:
 def _limited(provider: _P, settings: Settings) -> _P:
     """The provider with the per-workspace exec limits and the egress settings."""
     provider.egress = EgressController(settings.egress_hosts_file)
+    provider.egress_always_deny = parse_always_deny(settings.egress_always_deny)
     provider.max_concurrent_execs = settings.max_concurrent_execs
     provider.max_queued_execs = settings.max_queued_execs
     return provider

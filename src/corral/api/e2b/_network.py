@@ -70,7 +70,7 @@ def egress_of_create(body: Mapping[str, Any]) -> EgressPolicy | None:
     if isolated(body):
         return None
     policy = _policy(_network(body), body.get("allow_internet_access"))
-    return policy if policy.restricts else None
+    return None if policy.empty else policy
 
 
 def egress_of_update(body: Mapping[str, Any]) -> EgressPolicy:
