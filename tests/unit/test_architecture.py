@@ -29,6 +29,7 @@ LAYERS = {
     "corral.guest": 1,
     "corral.microvm": 1,
     "corral.images": 1,
+    "corral.egress": 1,  # packet filters and the egress proxy: used by providers, uses errors only
     "corral.store": 1,
     "corral.errors": 0,
     "corral.values": 0,
