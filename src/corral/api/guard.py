@@ -31,6 +31,7 @@ _UPLOADS = (
     ("PUT", re.compile(r"^/api/v1/agent/workspaces/[^/]+/files$")),
     ("POST", re.compile(r"^/e2b/envd/files$")),
     ("POST", re.compile(r"^/files$")),
+    ("PUT", re.compile(r"^/e2b/templates/[^/]+/files/[^/]+$")),  # template build archives (capped by the route)
 )
 _TOOLS = re.compile(r"^/api/v1/agent/sessions/[^/]+/tools/[^/]+$")
 

@@ -11,6 +11,8 @@ Point the SDK at a Corral server and it works as with E2B's cloud::
 * :mod:`~corral.api.e2b.envd` serves envd, the in-sandbox daemon, under ``/e2b/envd`` for every sandbox at once
   (the SDK names the sandbox in the ``E2b-Sandbox-Id`` header), authenticated with the sandbox's
   ``X-Access-Token``; ``/files`` at the root serves the SDK's signed file URLs.
+* :mod:`~corral.api.e2b.templates` serves the template build API under ``/e2b`` (``Template.build``, status, tags,
+  aliases, delete), building images on the local Docker engine.
 
 Everything goes through :class:`~corral.orchestrator.service.WorkspaceService` and the configured providers: a sandbox
 is a workspace, on whatever provider Corral's auto selection picks. Include the routers in ``create_app`` with
@@ -29,8 +31,9 @@ from fastapi import APIRouter, FastAPI
 from corral.api.e2b._errors import install_error_handlers
 from corral.api.e2b._metrics import metrics_router
 from corral.api.e2b._state import E2BState
-from corral.api.e2b.control import control_router
+from corral.api.e2b.control import control_router, delete_template
 from corral.api.e2b.envd import envd_router, signed_files_router
+from corral.api.e2b.templates import templates_routers
 from corral.orchestrator.pool import PoolSpec
 from corral.orchestrator.service import WorkspaceService
 
@@ -75,6 +78,9 @@ def e2b_routers() -> list[APIRouter]:
     router = APIRouter(prefix="/e2b", lifespan=_lifespan)
     router.include_router(envd_router(), prefix="/envd")
     router.include_router(metrics_router())  # first: /sandboxes/metrics is no /sandboxes/{sandbox_id}
+    # First: DELETE /templates/{id} of a template built here is no snapshot's.
+    for templates in templates_routers(delete_template):
+        router.include_router(templates)
     router.include_router(control_router())
     return [router, signed_files_router()]
 

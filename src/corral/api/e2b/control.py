@@ -9,8 +9,9 @@ answers: unknown routes, validation, oversized bodies).
 How E2B concepts map onto Corral:
 
 * ``templateID`` picks the image: ``base`` (the SDK's default) is ``CORRAL_BASE_IMAGE``; any other template is a
-  snapshot's id or name when one matches (see below), else the name of an image that must already exist on the host
-  (nothing is ever pulled).
+  snapshot's id or name when one matches (see below), else a template built here (``name`` or ``name:tag``, see
+  :mod:`corral.api.e2b.templates`), else the name of an image that must already exist on the host (nothing is ever
+  pulled).
 * ``allow_internet_access: false`` (or ``network.denyOut`` holding ``0.0.0.0/0``) gives an ``isolated`` workspace;
   otherwise the workspace has the ``default`` network, as E2B sandboxes have internet access unless told otherwise.
 * ``timeout`` is enforced on time: from the deadline on the sandbox is refused, and its timer kills it (or pauses
@@ -59,6 +60,7 @@ from corral.api.e2b._state import (
     SandboxExtras,
     clamp_timeout,
 )
+from corral.api.e2b.templates import resolve_template, run_start_command
 from corral.egress import EgressPolicy
 from corral.errors import CorralError, InvalidRequestError, WorkspaceNotFoundError
 from corral.orchestrator.service import CreateWorkspace
@@ -395,11 +397,14 @@ async def _new_sandbox(
 ) -> WorkspaceRecord:
     service = state.service
     snapshot = await _snapshot_for(state, extras.template)
+    template = None
     if snapshot is None:
+        if extras.template != DEFAULT_TEMPLATE:
+            template = await resolve_template(service.settings.docker_host, extras.template)
         record = await service.create(
             CreateWorkspace(
                 limits=service.default_limits(),
-                base_image=None if extras.template == DEFAULT_TEMPLATE else extras.template,
+                base_image=None if template is None else template.image,
                 network="default" if extras.allow_internet_access else "isolated",
                 metadata={"e2b": extras.to_json()},
             )
@@ -415,6 +420,8 @@ async def _new_sandbox(
             with contextlib.suppress(Exception):
                 await asyncio.shield(service.destroy(record.id))
             raise
+    if template is not None and template.start is not None:  # after the egress rules: it is the caller's code
+        await run_start_command(service, record.id, template.start, extras.envs)
     now = time.time()  # the timeout counts from when the sandbox is ready, not from the request
     return await state.save(record, replace(extras, started_at=now, end_at=now + extras.timeout_s))
 
