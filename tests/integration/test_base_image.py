@@ -107,3 +107,32 @@ async def test_an_unknown_user_is_refused_by_name(workspace: tuple[GVisorProvide
         await provider.write_file(workspace_id, "/tmp/x", b"x", owner="nobody-here")
     with pytest.raises(InvalidRequestError, match="user"):
         await provider.exec(workspace_id, ExecRequest("true", user="a:b"))
+
+
+# What the E2B SDK runs for every command is ``/bin/bash -l -c CMD``: pids are handed out in order in a workspace, so
+# the process started right after that login shell has the next pid only if the login files started none of their
+# own (``; true`` keeps sh from exec'ing its last command in place).
+_LOGIN_FORKS = "bash -l -c 'echo $$'; sh -c 'echo $$'; true"
+
+
+@pytest.mark.parametrize("user", ["user", "root"])
+async def test_a_login_shell_starts_no_process(workspace: tuple[GVisorProvider, str], user: str) -> None:
+    """``bash -l -c`` reads the login files without forking (no ``$(id -u)`` or ``mesg``), as E2B's user and root."""
+    provider, workspace_id = workspace
+    login, after = (int(pid) for pid in (await _sh(provider, workspace_id, _LOGIN_FORKS, user=user)).split())
+    assert after - login == 1, f"the login files of {user} started {after - login - 1} process(es)"
+
+
+async def test_a_login_shell_keeps_debian_behaviour(workspace: tuple[GVisorProvider, str]) -> None:
+    """Login shells still get Debian's PATH per user and umask, run /etc/profile.d, and interactive ones ~/.bashrc;
+    sh (no ``$EUID``) still reads /etc/profile right."""
+    provider, workspace_id = workspace
+    await provider.write_file(workspace_id, "/etc/profile.d/corral-test.sh", b"export FROM_PROFILE_D=yes\n")
+    show = 'bash -l -c \'echo "$PATH"; umask; echo "$FROM_PROFILE_D"\''
+    user_path = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
+    root_path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert await _sh(provider, workspace_id, show, user="user") == f"{user_path}\n0022\nyes\n"
+    assert await _sh(provider, workspace_id, show, user="root") == f"{root_path}\n0022\nyes\n"
+    assert await _sh(provider, workspace_id, "sh -l -c 'echo \"$PATH\"'", user="user") == f"{user_path}\n"
+    interactive = "bash -l -i -c 'alias ls; echo \"$HISTSIZE\"' 2>/dev/null"
+    assert await _sh(provider, workspace_id, interactive, user="user") == "alias ls='ls --color=auto'\n1000\n"

@@ -152,6 +152,17 @@ async def test_refill_creates_size_warm_workspaces_hidden_from_the_list(
     assert await pools.refill(pool.key) == 0  # already at its target
 
 
+async def test_each_warm_workspace_runs_its_first_command_before_it_is_offered(
+    service: WorkspaceService, providers: dict[str, FakeProvider]
+) -> None:
+    """A refill runs one command in every workspace it creates, so a claimer's first command is not the sandbox's."""
+    pool = spec(service, size=2)
+    await filled(service, pool)
+    waiting = await warm(service, pool.key)
+    execs = [target for call, target in providers["firecracker"].calls if call == "exec"]
+    assert sorted(execs) == sorted(r.id for r in waiting)
+
+
 async def test_zero_size_pool_is_not_configured(service: WorkspaceService) -> None:
     """A pool spec of size 0 configures no pool."""
     assert WarmPools([spec(service, size=0)]).keys == []

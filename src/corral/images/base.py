@@ -85,8 +85,30 @@ TMP_KEEP = "/tmp/.corral"  # noqa: S108 - a directory inside the image, not a te
 
 def recipe_hash() -> str:
     """A short hash of everything that decides the image's content."""
-    recipe = json.dumps([SUITE, BASE_PACKAGES, IMAGE_CHANGES, SHIM_SOURCE, SHIM_PATH, TMP_KEEP, _user_hooks()])
+    recipe = json.dumps(
+        [SUITE, BASE_PACKAGES, IMAGE_CHANGES, SHIM_SOURCE, SHIM_PATH, TMP_KEEP, _user_hooks(), _login_hooks()]
+    )
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def _login_hooks() -> list[str]:
+    """mmdebstrap customize hooks that make a non-interactive login shell (``bash -l -c``) start no process.
+
+    The E2B SDK runs every command as ``/bin/bash -l -c CMD``, and under gVisor each fork and exec in the login files
+    costs about 10 ms, more than the command often does. Debian's login files start two: ``$(id -u)`` in
+    /etc/profile, and ``mesg n`` in root's ~/.profile. bash knows its uid (``$EUID``); other shells reading
+    /etc/profile (dash has no ``EUID``) still ask ``id``. ``mesg`` only acts on a terminal (it looks at stdout and
+    stdin here, stderr being redirected), so it runs only when one of those is a terminal. Nothing else changes:
+    PATH, umask, /etc/profile.d and ~/.bashrc for interactive shells are as Debian has them. Each hook fails the
+    build when its line is no longer there, rather than leaving the fork in silently.
+    """
+    profile, root_profile = '"$1/etc/profile"', '"$1/root/.profile"'
+    mesg = "mesg n 2> /dev/null || true"
+    return [
+        f'grep -q \'"$(id -u)"\' {profile} && sed -i \'s/"$(id -u)"/"${{EUID:-$(id -u)}}"/\' {profile}',
+        f"grep -qx '{mesg}' {root_profile} && "
+        f"sed -i 's#^{mesg}$#if [ -t 0 ] || [ -t 1 ]; then {mesg}; fi#' {root_profile}",
+    ]
 
 
 def _user_hooks() -> list[str]:
@@ -143,6 +165,7 @@ def build_base_image(
             f'rm -rf "$1"/tmp/* && mkdir -p "$1{TMP_KEEP}" && echo "keeps /tmp on disk under gVisor" '
             f'> "$1{TMP_KEEP}/README"',
             *_user_hooks(),
+            *_login_hooks(),
         ]
         _run(
             [

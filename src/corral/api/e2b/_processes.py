@@ -124,8 +124,14 @@ class Subscriber:
 
     async def next(self, timeout_s: float | None) -> Event | ConnectError | None:
         """The next item, or None when nothing came within ``timeout_s`` (time for a keepalive)."""
+        # An item already queued (the usual case: the command's end follows its output) is taken at once, and a
+        # wait uses a timeout scope, not wait_for, which wraps every wait in a task of its own.
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout_s)
+            if self._queue.empty():
+                async with asyncio.timeout(timeout_s):
+                    item = await self._queue.get()
+            else:
+                item = self._queue.get_nowait()
         except TimeoutError:
             return None
         self._space.set()

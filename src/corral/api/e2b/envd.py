@@ -296,6 +296,9 @@ def _streaming(items: AsyncGenerator[Event | ConnectError, None]) -> StreamingRe
                 if isinstance(item, ConnectError):
                     yield end_of_stream(item)
                     return
+                if "end" in item:  # the command's end and the stream's in one write: the client reads them at once
+                    yield envelope({"event": item}) + end_of_stream()
+                    return
                 yield envelope({"event": item})
             yield end_of_stream()
         finally:
