@@ -118,11 +118,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @contextmanager
-def serving_e2b(tmp_path_factory: pytest.TempPathFactory, name: str) -> Iterator[Server]:
+def serving_e2b(
+    tmp_path_factory: pytest.TempPathFactory, name: str, env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """A server on gVisor whose E2B-compatible API answers; skips (a failure under CI) without the base image."""
     if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True, check=False).returncode != 0:
         pytest.skip(f"Docker engine or base image {BASE_IMAGE} not available; run `make bootstrap`")
-    server = start_server(tmp_path_factory.mktemp(name), {"CORRAL_PROVIDERS": "gvisor"})
+    server = start_server(tmp_path_factory.mktemp(name), {"CORRAL_PROVIDERS": "gvisor", **(env or {})})
     try:
         answer = server.client.get("/e2b/v2/sandboxes", headers={"X-API-KEY": TOKEN})
         if answer.status_code != 200:
