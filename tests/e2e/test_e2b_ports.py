@@ -8,6 +8,7 @@ in the ``Host`` header, as a wildcard DNS name would send them.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
@@ -465,3 +466,31 @@ def test_an_isolated_sandbox_is_reached_through_its_agent(e2b_server: Server, tm
         assert closed_ws.value.response.status_code == 403
     finally:
         _kill(e2b_server, sandbox["id"])
+
+
+def test_a_request_target_that_is_not_a_path_is_refused(e2b_server: Server, tmp_path: Path) -> None:
+    """``GET @127.0.0.1:PORT/x`` (or an absolute URL) with a preview Host is refused with 400: the target must not
+    become the authority of the upstream URL and reach a service on the server's own loopback."""
+    sandbox = _http_server(e2b_server, tmp_path)
+    seen: list[bytes] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        host, server_port = e2b_server.url.removeprefix("http://").split(":")
+        try:
+            for target in (f"@127.0.0.1:{port}/x", f"http://127.0.0.1:{port}/x"):
+                with socket.create_connection((host, int(server_port)), timeout=10) as client:
+                    request = f"GET {target} HTTP/1.1\r\nHost: {sandbox['host']}\r\nConnection: close\r\n\r\n"
+                    client.sendall(request.encode())
+                    answer = b""
+                    while chunk := client.recv(4096):
+                        answer += chunk
+                assert answer.startswith(b"HTTP/1.1 400"), answer
+                assert b"must be a path" in answer, answer
+                with contextlib.suppress(TimeoutError):
+                    seen.append(listener.accept()[0].recv(100))
+        finally:
+            _kill(e2b_server, sandbox["id"])
+    assert seen == [], f"the proxy reached the server's loopback: {seen}"

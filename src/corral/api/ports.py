@@ -133,6 +133,10 @@ def _target(
             message = f"invalid preview host: expected {{port}}-{{sandbox id}}.{domain}"
             return "host", _Refusal(400, message, code="invalid_host")
         if parsed is not None:
+            if not path.startswith("/"):
+                # An origin-form target only: "@host:port/x" or an absolute URL would otherwise be read as the
+                # authority of the upstream URL and send the request somewhere other than the workspace.
+                return "host", _Refusal(400, "the request target must be a path starting with '/'", code="invalid_path")
             return "host", PortTarget("host", parsed[1], parsed[0], path + suffix)
     match = _PATH_ROUTE.match(path)
     if match is None:
