@@ -27,12 +27,30 @@ ALLOWED_NAME = "allowed.corral.test"
 OTHER_NAME = "other.corral.test"
 
 
+UDP_ECHO = (
+    "import socket, threading\n"
+    "def echo(port):\n"
+    ' s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", port))\n'
+    " while True:\n  data, peer = s.recvfrom(100); s.sendto(data, peer)\n"
+    "threading.Thread(target=echo, args=(53,)).start(); echo(9999)"
+)
+
+
 def _container(name: str) -> str:
     """Start an HTTP server container answering its own name; return its bridge address."""
     subprocess.run(["docker", "rm", "-f", name], capture_output=True, check=False)
-    serve = f"mkdir -p /srv && echo {name} > /srv/who && cd /srv && exec python3 -m http.server 8080"
+    serve = (
+        f"mkdir -p /srv && echo {name} > /srv/who && cd /srv && (python3 -c '{UDP_ECHO}' &) && "
+        "exec python3 -m http.server 8080"
+    )
     subprocess.run(
-        ["docker", "run", "-d", "--rm", "--name", name, "--cap-drop", "ALL", BASE_IMAGE, "sh", "-c", serve],
+        [
+            *("docker", "run", "-d", "--rm", "--name", name, "--cap-drop", "ALL", "--cap-add", "NET_BIND_SERVICE"),
+            BASE_IMAGE,
+            "sh",
+            "-c",
+            serve,
+        ],
         check=True,
         capture_output=True,
     )
@@ -317,3 +335,89 @@ print(json.dumps(out))
     assert report["opened"] == targets["a_name"], report
     assert report["named"].startswith("failed"), report
     assert "which workspaces may not reach" in server.log() or "always denied" in server.log(), server.log()[-3000:]
+
+
+# A UDP flow the sandbox keeps open: a datagram to the echo every 0.1 s, each answer counted in /tmp/answers.
+UDP_FLOW = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(0.2)
+s.connect((sys.argv[1], 9999))
+n = 0
+while True:
+    try:
+        s.send(b"x")
+        s.recv(10)
+        n += 1
+        open("/tmp/answers", "w").write(str(n))
+    except OSError:
+        pass
+    time.sleep(0.1)
+"""
+
+# One datagram to an address and port: "answered", or the error's class.
+UDP_PROBE = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    s.send(b"x")
+    s.recv(10)
+    print("answered")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+def test_tightened_rules_cut_flows_already_open_forks_keep_rules_and_resolv_conf_opens_nothing(
+    e2b_server: Server, targets: dict[str, str], tmp_path: Path
+) -> None:
+    """A UDP flow opened while allowed stops getting answers once update_network denies its address; a fork of a
+    restricted sandbox has the same rules; and a sandbox that writes another nameserver into its resolv.conf does
+    not get DNS to it opened when its rules are applied again."""
+    a = targets["a"]
+    report = _script(
+        e2b_server,
+        tmp_path,
+        f"""
+import time
+
+def answers(sandbox):
+    return int(sandbox.commands.run("cat /tmp/answers 2>/dev/null || echo 0").stdout.strip() or 0)
+
+out = {{}}
+sandbox = Sandbox.create()
+sandbox.files.write("/tmp/flow.py", {UDP_FLOW!r})
+sandbox.files.write("/tmp/probe.py", {UDP_PROBE!r})
+out["dns_reachable_without_rules"] = sandbox.commands.run("python3 /tmp/probe.py {a} 53").stdout.strip()
+sandbox.commands.run("python3 /tmp/flow.py {a}", background=True)
+deadline = time.monotonic() + 30
+while answers(sandbox) < 3 and time.monotonic() < deadline:
+    time.sleep(0.1)
+out["before"] = answers(sandbox) >= 3
+sandbox.update_network({{"deny_out": ["{a}"]}})
+time.sleep(0.5)
+first = answers(sandbox)
+time.sleep(1.5)
+out["after"] = answers(sandbox) - first
+
+(fork,) = sandbox.fork(count=1)
+out["fork"] = fetch(fork, "http://{a}:8080/who")
+fork.kill()
+
+named = Sandbox.create(network={{"allow_out": ["{ALLOWED_NAME}"], "deny_out": ["0.0.0.0/0"]}})
+named.files.write("/tmp/probe.py", {UDP_PROBE!r})
+named.commands.run("echo 'nameserver {a}' > /etc/resolv.conf", user="root")
+named.update_network({{"allow_out": ["{ALLOWED_NAME}"], "deny_out": ["0.0.0.0/0"]}})
+out["dns_to_a"] = named.commands.run("python3 /tmp/probe.py {a} 53").stdout.strip()
+named.kill()
+sandbox.kill()
+print(json.dumps(out))
+""",
+    )
+    assert report["before"] is True, report
+    assert report["after"] == 0, report
+    assert report["fork"].startswith("failed"), report
+    assert report["dns_reachable_without_rules"] == "answered", report  # the probe below can tell
+    assert report["dns_to_a"] in ("PermissionError", "ConnectionRefusedError"), report

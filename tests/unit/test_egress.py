@@ -126,3 +126,18 @@ def test_always_deny_setting_is_checked() -> None:
     assert parse_always_deny("") == ()
     with pytest.raises(ValueError, match="'lan' is neither a CIDR block nor 'bridge'"):
         parse_always_deny("10.0.0.0/8,lan")
+
+
+@pytest.mark.parametrize("entry", ["fe80::1%eth0", "fe80::1%a\n-I OUTPUT 1 -j ACCEPT\n#", "10.1", "2130706433",
+                                   "0x7f000001", "host.123"])  # fmt: skip
+def test_addresses_in_disguise_are_refused(entry: str) -> None:
+    """An IPv6 zone (whose text would reach the rules), and names the resolver reads as addresses, are refused."""
+    with pytest.raises(InvalidRequestError):
+        EgressPolicy.parse(allow_out=[entry])
+
+
+def test_only_replies_ride_on_established_flows() -> None:
+    """Flows the workspace opened are checked packet by packet (tightened rules cut them); only replies to flows
+    opened into it are let through as established."""
+    rules = render_rules(EgressPolicy.parse(deny_out=["0.0.0.0/0"]), version=4, proxy_port=None)
+    assert "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT" in rules.splitlines()

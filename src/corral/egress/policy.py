@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -208,16 +209,18 @@ def render_rules(
             f"-A OUTPUT -d {loopback} -j ACCEPT",
             # Replies to connections made *into* the workspace (its preview ports), and the rest of flows already
             # let through.
-            "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT",
+            # (REPLY direction only: a flow the workspace opened is checked packet by packet, so tightened rules cut
+            # it at once instead of letting an open tunnel live on).
+            "-A OUTPUT -m conntrack --ctstate ESTABLISHED,RELATED --ctdir REPLY -j ACCEPT",
             f"-A OUTPUT -m mark --mark {EGRESS_MARK:#x} -j ACCEPT",
         ]
         lines += [f"-A OUTPUT -d {n} -j ACCEPT" for n in allow]
         servers = list(nameservers) if base else []
         if policy.allow_hosts:
             servers += [str(s) for s in policy.dns_servers] if policy.dns_servers is not None else list(nameservers)
-        for server in dict.fromkeys(servers):
-            if ipaddress.ip_address(server).version == version:
-                lines += [f"-A OUTPUT -d {server} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
+        dns = [s for s in dict.fromkeys(servers) if ipaddress.ip_address(s).version == version]
+        for server in dns:
+            lines += [f"-A OUTPUT -d {server} -p {proto} --dport 53 -j ACCEPT" for proto in ("udp", "tcp")]
         if deny and version == 4 and proxy_port is not None and policy.needs_proxy:
             # Outside the filter: the proxy's own sockets (marked) and allowed addresses go out directly; any other
             # TCP to a denied address is handed to the proxy, which checks the name it is for.
@@ -225,6 +228,7 @@ def render_rules(
                 "-A OUTPUT -o lo -j RETURN",
                 f"-A OUTPUT -m mark --mark {EGRESS_MARK:#x} -j RETURN",
                 *(f"-A OUTPUT -d {n} -j RETURN" for n in allow),
+                *(f"-A OUTPUT -d {s} -p tcp --dport 53 -j RETURN" for s in dns),  # DNS over TCP is no name to check
                 *(f"-A OUTPUT -d {n} -p tcp -j REDIRECT --to-ports {proxy_port}" for n in deny),
             ]
         reject_tcp = "tcp-reset"
@@ -251,7 +255,17 @@ def parse_always_deny(text: str) -> tuple[str, ...]:
     return entries
 
 
-# --- parsing helpers ------------------------------------------------------------------------------------------------
+# --- parsing helpers ---
+
+
+def _numeric(name: str) -> bool:
+    """Whether a name is an address in disguise ("10.1", "2130706433", "0x7f000001") or ends in a numeric label,
+    which the resolver would read as an address rather than look up."""
+    try:
+        socket.inet_aton(name)
+    except OSError:
+        return name.rsplit(".", 1)[-1].isdigit()
+    return True
 
 
 def _strings(value: object, field: str, limit: int = MAX_ENTRIES) -> list[str]:
@@ -266,7 +280,12 @@ def _strings(value: object, field: str, limit: int = MAX_ENTRIES) -> list[str]:
     return [v.strip() for v in value]
 
 
+_ADDRESS_CHARS = re.compile(r"^[0-9a-fA-F:./]+$")
+
+
 def _network(entry: str) -> Network | None:
+    if not _ADDRESS_CHARS.match(entry):  # e.g. an IPv6 zone ("fe80::1%eth0"), which would reach the rules' text
+        return None
     try:
         return ipaddress.ip_network(entry, strict=False)
     except ValueError:
@@ -276,7 +295,7 @@ def _network(entry: str) -> Network | None:
 def _host(entry: str, field: str) -> str:
     name = entry.lower().rstrip(".")
     labels = name[2:].split(".") if name.startswith("*.") else name.split(".")
-    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels):
+    if len(name) > 253 or not all(_HOST_LABEL.match(label) for label in labels) or _numeric(name):
         raise InvalidRequestError(
             f"{field}: {entry!r} is neither an IP address, a CIDR block nor a host name "
             "(host names may start with '*.' for every subdomain)",

@@ -37,6 +37,9 @@ MAX_CONNECTIONS = 256
 CHUNK = 64 * 1024
 
 
+_LOOKUPS = asyncio.Semaphore(4)
+
+
 class Resolver:
     """Host names to addresses: a hosts file first (re-read when it changes), then the host's resolver."""
 
@@ -61,16 +64,19 @@ class Resolver:
                 with contextlib.suppress(ValueError):
                     ipaddress.ip_address(fields[0])
                     for name in fields[1:]:
-                        hosts.setdefault(name.lower(), []).append(fields[0])
+                        hosts.setdefault(name.lower().rstrip("."), []).append(fields[0])
             self._hosts, self._stamp = hosts, stamp
         return self._hosts
 
     async def resolve(self, name: str, port: int) -> list[tuple[int, tuple[str, int]]]:
         """``(family, (address, port))`` for ``name``, IPv4 first."""
+        name = name.lower().rstrip(".")
         overrides = self._overrides().get(name)
         if overrides:
             return [(_family(a), (a, port)) for a in overrides]
-        infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
+        # Names come from workspaces: a few lookups at a time, so slow DNS cannot fill the default executor.
+        async with _LOOKUPS:
+            infos = await asyncio.get_running_loop().getaddrinfo(name, port, type=socket.SOCK_STREAM)
         ordered = sorted(infos, key=lambda info: info[0] != socket.AF_INET)
         return [(int(info[0]), (str(info[4][0]), int(info[4][1]))) for info in ordered]
 

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from corral.egress import EgressPolicy
 from corral.errors import (
     CorralError,
     InvalidRequestError,
@@ -41,7 +42,7 @@ from corral.errors import (
     WorkspaceStateError,
 )
 from corral.orchestrator.pool import PoolSpec, snapshot_pool_key
-from corral.orchestrator.service import CreateWorkspace, WorkspaceService
+from corral.orchestrator.service import EGRESS_KEY, CreateWorkspace, WorkspaceService
 from corral.store import SnapshotRecord, Store, WorkspaceRecord
 from corral.values import ResourceLimits
 
@@ -273,12 +274,24 @@ class SnapshotService:
                 f"count: {count!r} is not allowed; fork makes 1 to {MAX_FORKS} workspaces at a time",
                 details={"field": "count"},
             )
+        source = await self.workspaces.get(workspace_id)
+        egress = source.metadata.get(EGRESS_KEY)
         snapshot = await self.create(workspace_id, metadata={"fork_of": workspace_id})
         slots = asyncio.Semaphore(RESTORE_CONCURRENCY)
 
         async def one() -> WorkspaceRecord:
             async with slots:
-                return await self.restore(snapshot.id, metadata={"forked_from": workspace_id})
+                record = await self.restore(snapshot.id, metadata={"forked_from": workspace_id})
+                if isinstance(egress, dict):
+                    # A fork is a copy of the running workspace: its egress rules too (a networked fork starts
+                    # cold, so nothing of the source's runs before they are in force).
+                    try:
+                        record = await self.workspaces.set_egress(record.id, EgressPolicy.from_json(egress))
+                    except BaseException:
+                        with contextlib.suppress(Exception):
+                            await asyncio.shield(self.workspaces.destroy(record.id))
+                        raise
+                return record
 
         try:
             results = await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)

@@ -262,6 +262,7 @@ class DockerProvider(AgentBackedProvider):
             try:
                 await self._apply_egress(workspace_id)
             except BaseException:
+                self._expected_exits.add(workspace_id)
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._call(self.engine.stop_container(container_name(workspace_id))))
                 raise
@@ -575,9 +576,17 @@ class DockerProvider(AgentBackedProvider):
             if info["State"].get("Running"):
                 await self._apply_egress(workspace_id, EgressPolicy(), info)  # what is always denied stays
             return
-        self._egress_policies[workspace_id] = policy
         if info["State"].get("Running"):
-            await self._apply_egress(workspace_id, policy, info)
+            try:
+                await self._apply_egress(workspace_id, policy, info)
+            except BaseException:
+                # The namespace may hold half of the new rules: stop the workspace rather than let it run on
+                # under rules nobody asked for. Its old rules stay kept for its next start.
+                self._expected_exits.add(workspace_id)
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._call(self.engine.stop_container(container_name(workspace_id))))
+                raise
+        self._egress_policies[workspace_id] = policy
 
     async def _apply_egress(
         self, workspace_id: str, policy: EgressPolicy | None = None, info: dict[str, Any] | None = None
@@ -588,16 +597,15 @@ class DockerProvider(AgentBackedProvider):
         pid = int(((info or {}).get("State") or {}).get("Pid") or 0)
         if not pid:
             raise WorkspaceStateError(f"workspace {workspace_id} is not running", details={"id": workspace_id})
-        nameservers: list[str] = []
-        resolv_conf = str((info or {}).get("ResolvConfPath") or "")
-        if resolv_conf:
-            with contextlib.suppress(OSError):
-                nameservers = nameservers_of(await asyncio.to_thread(Path(resolv_conf).read_text))
+        # The nameservers Docker gave the container, worked out from the host's resolv.conf as dockerd does: the
+        # container's own copy is writable from inside, so it must not say which servers the filter lets through.
+        nameservers = await asyncio.to_thread(_docker_nameservers)
         try:
             await self.egress.apply(workspace_id, pid, policy, nameservers, self._always_denied(info or {}))
         except OSError as exc:
+            log.warning("workspace %s: egress rules could not be put in force: %s", workspace_id, exc)
             raise ProviderUnavailableError(
-                self.name, f"egress rules for workspace {workspace_id} could not be put in force: {exc}"
+                self.name, f"egress rules for workspace {workspace_id} could not be put in force (see the server log)"
             ) from exc
 
     def _always_denied(self, info: dict[str, Any]) -> list[Network]:
@@ -1031,6 +1039,17 @@ class _AgentLog:
             return
         self.logged += len(data)
         log.debug("agent %s: %s", self.workspace_id, data[:4096].decode(errors="replace"))
+
+
+def _docker_nameservers() -> list[str]:
+    """The nameservers of a container on Docker's default bridge: the host's, loopback ones left out, and Google's
+    when none is left (dockerd's rule)."""
+    try:
+        servers = nameservers_of(Path("/etc/resolv.conf").read_text())
+    except OSError:
+        servers = []
+    servers = [s for s in servers if not s.startswith("127.") and s != "::1"]
+    return servers or ["8.8.8.8", "8.8.4.4"]
 
 
 def _spec_json(spec: WorkspaceSpec) -> str:

@@ -182,7 +182,9 @@ class E2BState:
     async def save(self, record: WorkspaceRecord, extras: SandboxExtras) -> WorkspaceRecord:
         """Store new extras in the workspace's metadata; a running sandbox's timer follows its ``end_at``."""
         self._envs[record.id] = dict(extras.envs)
-        metadata = {**record.metadata, METADATA_KEY: extras.to_json()}
+        # Read again: another request (update_network, a fork) may have changed the metadata since ``record``.
+        current = await self.service.get(record.id)
+        metadata = {**current.metadata, METADATA_KEY: extras.to_json()}
         saved = await self.service.set_metadata(record.id, metadata)
         if saved.status == "ready" and saved.pool_key is None and extras.end_at is not None:
             self._arm(saved.id, extras)
