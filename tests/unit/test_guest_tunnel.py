@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -16,9 +17,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import corral.guest.agent as agent_module
+import corral.guest.client as client_module
 from corral.errors import FileOperationError, InvalidRequestError, TooManyRequestsError
-from corral.guest.agent import CHUNK, WINDOW, encode_frame
+from corral.guest.agent import CHUNK, FRAME_COST, TUNNEL_WINDOW, WINDOW, encode_frame
 from corral.guest.client import GuestConnection, GuestConnectionLost, GuestProtocolError, GuestTunnel
+from corral.providers.agent_backed import MAX_TUNNELS_PER_WORKSPACE, AgentBackedProvider, TunnelSlots
 
 pytestmark = [pytest.mark.unit]
 
@@ -344,3 +347,234 @@ async def test_an_unknown_tunnel_frame_breaks_the_connection() -> None:
         await tunnel.read()
     assert conn.closed
     assert violations == ["the agent sent a tunnel frame 'exit'"]
+
+
+# --- what a tunnel may hold on the host, how long it may idle, and the host's own caps -----------------------------
+
+
+class _ScriptedAgent:
+    """A hostile agent: the connection's writer, which reads the host's frames and answers every ``tunnel`` with
+    ``open`` (it never says ``busy``, whatever the count; port 1 is refused); it records every frame the host sent."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self.reader = reader
+        self.sent: list[dict[str, object]] = []
+
+    def write(self, data: bytes) -> None:
+        head_len = int.from_bytes(data[:4], "big")
+        header = json.loads(data[4 : 4 + head_len])
+        self.sent.append(header)
+        if header.get("op") == "tunnel" and header.get("port") == 1:
+            self.reader.feed_data(encode_frame({"id": header["id"], "ev": "error", "kind": "refused"}))
+        elif header.get("op") == "tunnel":
+            self.reader.feed_data(encode_frame({"id": header["id"], "ev": "open"}))
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def ops(self, op: str) -> list[dict[str, object]]:
+        return [header for header in self.sent if header.get("op") == op]
+
+
+async def _hostile() -> tuple[GuestConnection, _ScriptedAgent, list[str]]:
+    reader = asyncio.StreamReader()
+    reader.feed_data(encode_frame({"id": 0, "ev": "hello", "version": 2, "features": ["tunnel", "tunnel_window"]}))
+    agent = _ScriptedAgent(reader)
+    violations: list[str] = []
+    conn = GuestConnection(reader, agent, label="hostile", on_violation=violations.append)
+    await conn.wait_ready(1)
+    return conn, agent, violations
+
+
+class _HostileProvider(AgentBackedProvider):
+    """The provider half that caps tunnels, over one scripted agent per workspace."""
+
+    name = "hostile"
+
+    def __init__(self, slots: TunnelSlots) -> None:
+        self.tunnel_slots = slots  # type: ignore[misc]  # per instance here, so tests do not share the count
+        self.agents: dict[str, tuple[GuestConnection, _ScriptedAgent]] = {}
+
+    async def _agent(self, workspace_id: str) -> GuestConnection:
+        if workspace_id not in self.agents:
+            conn, agent, _ = await _hostile()
+            self.agents[workspace_id] = (conn, agent)
+        return self.agents[workspace_id][0]
+
+    async def _require_running(self, workspace_id: str) -> None:
+        del workspace_id
+
+    async def aclose(self) -> None:
+        for conn, _ in self.agents.values():
+            await conn.aclose()
+
+
+@pytest.fixture
+async def hostile_provider() -> AsyncIterator[_HostileProvider]:
+    """A provider whose agents ignore every cap, with the real per-workspace cap and a global cap of 40."""
+    provider = _HostileProvider(TunnelSlots(MAX_TUNNELS_PER_WORKSPACE, 40))
+    try:
+        yield provider
+    finally:
+        await provider.aclose()
+
+
+async def test_the_host_caps_tunnels_per_workspace_whatever_the_agent_answers(
+    hostile_provider: _HostileProvider,
+) -> None:
+    """An agent that opens every tunnel asked for still gets at most MAX_TUNNELS_PER_WORKSPACE: the next is refused
+    with 429 before the host asks the agent, and closing one makes room again at once."""
+    streams = [await hostile_provider.open_port("w1", 80) for _ in range(MAX_TUNNELS_PER_WORKSPACE)]
+    try:
+        with pytest.raises(TooManyRequestsError, match=f"has {MAX_TUNNELS_PER_WORKSPACE} connections to its ports"):
+            await hostile_provider.open_port("w1", 80)
+        agent = hostile_provider.agents["w1"][1]
+        assert len(agent.ops("tunnel")) == MAX_TUNNELS_PER_WORKSPACE  # the refused one never reached the agent
+        await streams.pop().aclose()
+        streams.append(await hostile_provider.open_port("w1", 80))
+        assert hostile_provider.tunnel_slots.open == {"w1": MAX_TUNNELS_PER_WORKSPACE}
+    finally:
+        for stream in streams:
+            await stream.aclose()
+    assert hostile_provider.tunnel_slots.in_use == 0
+
+
+async def test_the_host_caps_tunnels_into_all_workspaces(hostile_provider: _HostileProvider) -> None:
+    """Past the global cap (40 here) a tunnel into any workspace is refused with 429, though each workspace is under
+    its own cap; a tunnel whose opening fails gives its slot back."""
+    streams = [await hostile_provider.open_port("w1", 80) for _ in range(30)]
+    streams += [await hostile_provider.open_port("w2", 80) for _ in range(10)]
+    try:
+        with pytest.raises(TooManyRequestsError, match="the server has 40 connections to ports"):
+            await hostile_provider.open_port("w3", 80)
+        with pytest.raises(InvalidRequestError):
+            await hostile_provider.open_port("w3", 0)
+        await streams.pop().aclose()
+        for _ in range(3):  # more failures than free slots: each gives its slot back
+            with pytest.raises(ConnectionRefusedError):
+                await hostile_provider.open_port("w3", 1)
+        assert hostile_provider.tunnel_slots.in_use == 39
+        streams.append(await hostile_provider.open_port("w3", 80))
+    finally:
+        for stream in streams:
+            await stream.aclose()
+    assert hostile_provider.tunnel_slots.in_use == 0
+
+
+async def test_a_tunnel_holds_at_most_its_window_on_the_host_with_a_frame_in_hand() -> None:
+    """An agent may have TUNNEL_WINDOW bytes of a tunnel on the host, counting the frame its reader holds: credit
+    goes back only when the reader comes back for more, and data past the window ends the connection."""
+    conn, agent, violations = await _hostile()
+    tunnel = await conn.open_tunnel(80)
+    piece = b"d" * (TUNNEL_WINDOW // 2 - FRAME_COST)
+    agent.reader.feed_data(encode_frame({"id": tunnel.target, "ev": "data"}, piece))
+    agent.reader.feed_data(encode_frame({"id": tunnel.target, "ev": "data"}, piece))
+    assert await tunnel.read() == piece
+    assert agent.ops("credit") == []  # the first piece is in the reader's hand: not passed on yet
+    assert await tunnel.read() == piece
+    assert agent.ops("credit") == [{"id": 0, "op": "credit", "target": tunnel.target, "bytes": TUNNEL_WINDOW // 2}]
+    # The second piece is still in hand and uncredited: one byte more than the half window just granted is too much.
+    agent.reader.feed_data(encode_frame({"id": tunnel.target, "ev": "data"}, piece + b"!"))
+    await _until(lambda: conn.closed, "the connection closing")
+    assert f"more than {TUNNEL_WINDOW} bytes of unread data" in violations[0]
+    await tunnel.aclose()
+    await conn.aclose()
+
+
+async def test_a_slow_reader_holds_at_most_one_tunnel_window_from_the_real_agent(conn: GuestConnection) -> None:
+    """A server that sends 8 MiB to a reader that takes one piece and stops fills the tunnel's window on the host
+    and no more: queued plus in hand stays within TUNNEL_WINDOW, and the rest waits in the sandbox."""
+    size = 8 * MiB
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            writer.write(b"f" * size)
+            await writer.drain()
+        writer.close()
+
+    async with _server(flood) as port:
+        tunnel = await conn.open_tunnel(port)
+        try:
+            first = await tunnel.read()
+            assert 0 < len(first) <= agent_module.TUNNEL_CHUNK
+            request = tunnel._request
+
+            def held() -> int:
+                return request.queued_data + request.consumed
+
+            await _until(lambda: held() > TUNNEL_WINDOW - agent_module.TUNNEL_CHUNK, "the window filling up")
+            assert held() <= TUNNEL_WINDOW
+            got = len(first)
+            while data := await asyncio.wait_for(tunnel.read(), DEADLINE_S):
+                got += len(data)
+                assert held() <= TUNNEL_WINDOW
+            assert got == size
+        finally:
+            await tunnel.aclose()
+
+
+async def test_an_idle_tunnel_is_closed_and_gives_its_slot_back(
+    conn: GuestConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tunnel that carries nothing either way for TUNNEL_IDLE_S is closed: its reader and writer get
+    TimeoutError, on_close runs once, and the server inside sees its connection end."""
+    monkeypatch.setattr(client_module, "TUNNEL_IDLE_S", 0.3)
+    closed = asyncio.Event()
+    released: list[int] = []
+
+    async def idle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.read()
+        closed.set()
+        writer.close()
+
+    async with _server(idle) as port:
+        tunnel = await conn.open_tunnel(port, on_close=lambda: released.append(1))
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"carried nothing either way for 0\.3 s"):
+            await asyncio.wait_for(tunnel.read(), DEADLINE_S)
+        assert time.monotonic() - started >= 0.2  # not at once (the clock starts when the tunnel opens)
+        await asyncio.wait_for(closed.wait(), DEADLINE_S)
+        with pytest.raises(TimeoutError):
+            await tunnel.write(b"late")
+        await tunnel.aclose()
+        assert released == [1]
+    assert (await conn.call("ping"))["version"] == agent_module.PROTOCOL_VERSION
+
+
+async def test_a_tunnel_with_bytes_flowing_outlives_the_idle_timeout(
+    conn: GuestConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bytes either way reset the idle clock: a server that sends a byte every 0.05 s for five idle timeouts is
+    read to its end."""
+    monkeypatch.setattr(client_module, "TUNNEL_IDLE_S", 0.2)
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(20):
+            writer.write(b".")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the pace of the stream under test, not a wait for anything
+        writer.close()
+
+    async with _server(trickle) as port:
+        tunnel = await conn.open_tunnel(port)
+        try:
+            assert await _read_all(tunnel) == b"." * 20
+        finally:
+            await tunnel.aclose()
+
+
+async def test_an_idle_tunnel_frees_its_providers_slot(
+    hostile_provider: _HostileProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tunnels a visitor opened and left idle give their slots back by themselves: after the idle timeout a full
+    workspace takes new tunnels again, nobody having closed the old ones."""
+    monkeypatch.setattr(client_module, "TUNNEL_IDLE_S", 0.1)
+    streams = [await hostile_provider.open_port("w1", 80) for _ in range(MAX_TUNNELS_PER_WORKSPACE)]
+    await _until(lambda: hostile_provider.tunnel_slots.in_use == 0, "the idle tunnels closing")
+    streams.append(await hostile_provider.open_port("w1", 80))
+    for stream in streams:
+        await stream.aclose()

@@ -35,7 +35,9 @@ Requests carry ``{"id": n, "op": ...}``; replies carry the same ``id`` and an ``
   shut its side. The host sends ``data`` frames with the same id (at most :data:`WINDOW` bytes it has not been
   granted ``credit {bytes}`` for: the agent grants bytes as the server takes them) and ``eof`` to shut the
   connection's sending side. ``end`` once both sides are shut; ``kill {target}`` closes the connection at once (no
-  last frame). At most :data:`MAX_TUNNELS` at once; more are refused with kind ``busy``. See :class:`Tunnel`.
+  last frame). At most :data:`MAX_TUNNELS` at once; more are refused with kind ``busy``. A tunnel's own window,
+  toward the host, is :data:`TUNNEL_WINDOW` (feature ``tunnel_window``): the server holds what the host has not passed
+  on to a visitor yet, for many visitors at once. See :class:`Tunnel`.
 * ``stat``, ``list``, ``delete``, ``move``, ``chmod``, ``mkdir``, ``glob``, ``realpath``, ``usage``, ``ping`` ->
   ``result {...}``.
 * Every file operation also takes ``beneath`` (an absolute directory, e.g. ``/workspace``): its paths are then
@@ -84,7 +86,7 @@ LOADER_VARIABLES = (
 )  # fmt: skip
 """The variables the host empties for the agent's own process (see corral.providers.agent_runtime). Flags the loader
 honours whatever their value (LD_SHOW_AUXV, LD_BIND_NOT...) cannot be emptied this way; they change no code path."""
-FEATURES = ["beneath", "pty", "tunnel", "user", "watch"]
+FEATURES = ["beneath", "pty", "tunnel", "tunnel_window", "user", "watch"]
 """What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths;
 ``pty``: commands on a pseudo-terminal; ``tunnel``: TCP connections to ports inside the sandbox; ``user``: commands
 run as, and files written for, a user of the workspace)."""
@@ -98,6 +100,10 @@ MAX_PAYLOAD = 1024 * 1024
 """The largest frame payload either side accepts (data chunks are CHUNK bytes)."""
 WINDOW = 4 * CHUNK
 """Streamed bytes of one request that may be in flight before the host grants credit."""
+TUNNEL_WINDOW = 128 * 1024
+"""A tunnel's window toward the host: smaller than :data:`WINDOW`, since the host holds one per open tunnel."""
+TUNNEL_CHUNK = TUNNEL_WINDOW // 4
+"""The most a tunnel's data frame carries: a quarter window, so the next frames flow while the host passes one on."""
 _LEN = struct.Struct(">I")
 
 Header = dict[str, Any]  # a frame header: a JSON object
@@ -854,9 +860,10 @@ class DirWatch:
 class Window:
     """The flow-control window of one streamed request: bytes it may still send before the host grants more."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = WINDOW) -> None:
         self.cond = threading.Condition()
-        self.credit = WINDOW
+        self.limit = limit
+        self.credit = limit
         self.cancelled = False
 
     def room(self) -> int:
@@ -869,7 +876,7 @@ class Window:
 
     def grant(self, n: int) -> None:
         with self.cond:
-            self.credit = min(self.credit + max(0, n), WINDOW)
+            self.credit = min(self.credit + max(0, n), self.limit)
             self.cond.notify_all()
 
     def cancel(self) -> None:
@@ -894,9 +901,10 @@ MAX_TUNNELS = 32
 class Tunnel:
     """One TCP connection to a server inside the sandbox, relayed over the agent's stream by one worker thread.
 
-    Both directions are bounded: the server's bytes go out only within the host's credit (a :class:`Window`), and
-    the host's bytes wait in :attr:`pending`, at most :data:`WINDOW` of them, granted back (``credit`` frames) as the
-    server takes them. A host that sends past its credit breaks the tunnel, never the agent's memory.
+    Both directions are bounded: the server's bytes go out only within the host's credit (a :class:`Window` of
+    :data:`TUNNEL_WINDOW`), and the host's bytes wait in :attr:`pending`, at most :data:`WINDOW` of them, granted
+    back (``credit`` frames) as the server takes them. A host that sends past its credit breaks the tunnel, never the
+    agent's memory.
     """
 
     def __init__(self) -> None:
@@ -1001,7 +1009,7 @@ class Tunnel:
                         send({"id": rid, "ev": "credit", "bytes": written})
                 if room and events & (select.POLLIN | select.POLLERR | select.POLLHUP):
                     try:
-                        data = sock.recv(min(CHUNK, self.window.room()))
+                        data = sock.recv(min(TUNNEL_CHUNK, self.window.room()))
                     except BlockingIOError:
                         continue
                     if data:
@@ -1023,7 +1031,7 @@ class _WakingWindow(Window):
     """A :class:`Window` that also wakes the thread polling its tunnel when credit arrives or it is cancelled."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
-        super().__init__()
+        super().__init__(TUNNEL_WINDOW)
         self._wake = wake
 
     def grant(self, n: int) -> None:

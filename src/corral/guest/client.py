@@ -17,6 +17,10 @@ agent. So the host's memory never depends on what the agent sends:
   of at most 256 bytes; any other answer counts against a handful per request; a frame for a request the host
   never made, or already finished, is a violation too (an abandoned request's last frames are tolerated up to a
   window), so a flood of small or unsolicited frames costs nothing either;
+* a tunnel's bytes from the agent have a window of their own, :data:`~corral.guest.agent.TUNNEL_WINDOW` (a small
+  fraction of the above, since a server holds one per visitor), and its credit is granted only once the consumer
+  comes back for more, i.e. after it has passed the previous bytes on: what a tunnel holds on the host, queued or
+  in hand, stays within that window however slowly its visitor reads;
 * a tunnel's bytes toward the agent are flow-controlled the other way round: the host sends at most
   :data:`~corral.guest.agent.WINDOW` bytes the agent has not granted back with ``credit`` frames (each checked: a
   positive count within one window, for a tunnel only), so a server that does not read slows the client;
@@ -45,7 +49,7 @@ from corral.errors import (
     TooManyRequestsError,
     WorkspaceFileNotFoundError,
 )
-from corral.guest.agent import FRAME_COST, MAX_HEADER, MAX_PAYLOAD, WINDOW, encode_frame
+from corral.guest.agent import FRAME_COST, MAX_HEADER, MAX_PAYLOAD, TUNNEL_WINDOW, WINDOW, encode_frame
 
 __all__ = [
     "ByteReader",
@@ -69,6 +73,10 @@ _MAX_ABANDONED = 4096
 ANSWER_TIMEOUT_S = 60.0
 """How long the host waits for any answer of the agent (a stat, the next chunk of a file, a write's acknowledgement)
 before it gives the connection up as stuck."""
+TUNNEL_IDLE_S = 300.0
+"""A tunnel that carries no byte either way for this long is closed (a visitor that stopped reading, or holds an idle
+connection, gives its slot back). Long enough for a quiet WebSocket or a long poll; short enough that 32 abandoned
+connections do not hold a workspace's ports for good."""
 
 
 class GuestConnectionLost(ConnectionError):
@@ -105,12 +113,14 @@ class _Request:
     __slots__ = (
         "consumed",
         "credit_ready",
+        "deferred_credit",
         "queue",
         "queued_data",
         "queued_frames",
         "send_closed",
         "send_credit",
         "streaming",
+        "window",
     )
 
     def __init__(self) -> None:
@@ -119,6 +129,8 @@ class _Request:
         self.queued_frames = 0  # other frames waiting (open, exit, result...): a request takes a handful
         self.consumed = 0  # streamed bytes taken by the consumer since the last credit
         self.streaming = False  # exec and read answer with streamed frames; other requests never do
+        self.window = WINDOW  # streamed bytes the agent may have in flight (queued, or taken but not yet credited)
+        self.deferred_credit = False  # a tunnel: its consumer grants credit itself, once it has passed bytes on
         self.send_credit: int | None = None  # a tunnel: bytes the host may still send before the agent grants more
         self.credit_ready: asyncio.Event | None = None  # set when credit arrives or the tunnel can take no more
         self.send_closed = False  # a tunnel that ended or failed: the agent takes none of the host's bytes any more
@@ -139,9 +151,11 @@ class _Request:
             if not self.streaming or not payload or header_size > _MAX_STREAM_HEADER:
                 raise GuestProtocolError("a data frame that no request of this kind takes")
             self.queued_data += len(payload) + FRAME_COST
-            if self.queued_data > WINDOW:
+            # A tunnel's consumer still holds what it took and has not credited yet: that counts too.
+            held = self.queued_data + (self.consumed if self.deferred_credit else 0)
+            if held > self.window:
                 raise GuestProtocolError(
-                    f"more than {WINDOW} bytes of unread data for one request: it ignores flow control"
+                    f"more than {self.window} bytes of unread data for one request: it ignores flow control"
                 )
         else:
             self.queued_frames += 1
@@ -336,12 +350,16 @@ class GuestConnection:
         if header.get("ev") == "error":
             raise _agent_error(header)
         if header.get("ev") in _STREAM_EVENTS:
-            request.consumed += len(payload)
-            request.consumed += FRAME_COST
-            if request.consumed >= WINDOW // 2 and not self._closed:
-                granted, request.consumed = request.consumed, 0
-                await self._send({"id": 0, "op": "credit", "target": rid, "bytes": granted})
+            request.consumed += len(payload) + FRAME_COST
+            if not request.deferred_credit:
+                await self._grant(rid, request)
         return frame
+
+    async def _grant(self, rid: int, request: _Request) -> None:
+        """Give the agent back the window its consumed frames took, once that is half a window (fewer frames)."""
+        if request.consumed >= request.window // 2 and not self._closed:
+            granted, request.consumed = request.consumed, 0
+            await self._send({"id": 0, "op": "credit", "target": rid, "bytes": granted})
 
     # --- requests ---------------------------------------------------------------------------------------------------
 
@@ -468,12 +486,24 @@ class GuestConnection:
                 with contextlib.suppress(Exception):
                     await self._kill(rid)
 
-    async def open_tunnel(self, port: int) -> GuestTunnel:
+    async def open_tunnel(
+        self, port: int, *, idle_timeout_s: float | None = None, on_close: Callable[[], None] | None = None
+    ) -> GuestTunnel:
         """Connect to ``port`` on the sandbox's loopback through the agent (its ``tunnel`` feature).
 
-        Raises ConnectionRefusedError when nothing listens there.
+        Args:
+            port: The port inside the sandbox.
+            idle_timeout_s: Close the tunnel after this long without a byte either way (default
+                :data:`TUNNEL_IDLE_S`).
+            on_close: Called once when the tunnel is closed (by :meth:`GuestTunnel.aclose` or for idleness); not
+                called when opening fails.
+
+        Raises:
+            ConnectionRefusedError: Nothing listens on the port.
         """
         rid, request = self._open(streaming=True)
+        request.window = TUNNEL_WINDOW
+        request.deferred_credit = True
         request.send_credit = WINDOW
         request.credit_ready = asyncio.Event()
         try:
@@ -482,10 +512,13 @@ class GuestConnection:
         except BaseException:
             self._finish(rid, done=False)
             raise
-        tunnel = GuestTunnel(self, rid, request)
+        tunnel = GuestTunnel(
+            self, rid, request, idle_timeout_s=TUNNEL_IDLE_S if idle_timeout_s is None else idle_timeout_s
+        )
         if header.get("ev") != "open":
             await tunnel.aclose()
             raise GuestProtocolError(f"the agent in {self._label} answered a tunnel with {header.get('ev')!r}")
+        tunnel.on_close = on_close
         return tunnel
 
     async def write(self, path: str, data: bytes | AsyncIterable[bytes], *, mode: int | None, **args: Any) -> int:
@@ -577,25 +610,69 @@ class GuestTerminal:
 class GuestTunnel:
     """A TCP connection to a port inside the sandbox, relayed by the agent: read, write, half-close, close.
 
-    Reads take one frame at a time (the agent's window bounds what waits); writes wait for the agent's credit, so
-    a server that does not read slows the writer instead of filling the agent's memory.
+    Reads take one frame at a time, and the agent gets their bytes back as credit only when the next read comes (the
+    consumer has passed them on by then), so what the tunnel holds on the host stays within
+    :data:`~corral.guest.agent.TUNNEL_WINDOW`. Writes wait for the agent's credit, so a server that does not read
+    slows the writer instead of filling the agent's memory. A tunnel with no byte either way for ``idle_timeout_s``
+    is closed; its reads and writes then raise TimeoutError.
     """
 
-    def __init__(self, conn: GuestConnection, rid: int, request: _Request) -> None:
+    def __init__(self, conn: GuestConnection, rid: int, request: _Request, *, idle_timeout_s: float) -> None:
         self._conn = conn
         self.target = rid
         self._request = request
         self._server_done = False  # the server shut its side (eof), or the tunnel ended
         self._finished = False
         self._closed = False
+        self._idle = False  # closed for idleness
+        self.on_close: Callable[[], None] | None = None
+        """Called once when the tunnel is closed (the provider gives back its slot)."""
+        loop = asyncio.get_running_loop()
+        self._idle_timeout_s = idle_timeout_s
+        self._active_at = loop.time()
+        self._timer: asyncio.TimerHandle | None = loop.call_later(idle_timeout_s, self._check_idle)
+        self._closing: asyncio.Task[None] | None = None
+
+    def _check_idle(self) -> None:
+        """The idle timer: close the tunnel when nothing moved for the whole timeout, or look again when it ends."""
+        self._timer = None
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        left = self._active_at + self._idle_timeout_s - loop.time()
+        if left > 0:
+            self._timer = loop.call_later(left, self._check_idle)
+            return
+        log.info("tunnel %d idle for %g s; closing it", self.target, self._idle_timeout_s)
+        self._idle = True
+        request = self._request
+        request.send_closed = True
+        request.queue.put_nowait(None)  # wake a reader waiting for the server
+        if request.credit_ready is not None:
+            request.credit_ready.set()  # and a writer waiting for credit
+        self._closing = loop.create_task(self.aclose(), name=f"tunnel-idle-{self.target}")
+
+    def _idle_error(self) -> TimeoutError:
+        return TimeoutError(f"the connection carried nothing either way for {self._idle_timeout_s:g} s and was closed")
 
     async def read(self) -> bytes:
         """The server's next bytes; ``b""`` once it has shut its side."""
+        if self._idle:
+            raise self._idle_error()
         if self._server_done:
             return b""
-        header, payload = await self._conn._next(self.target, self._request, None)  # a server may idle for long
+        request = self._conn._pending.get(self.target)
+        if request is self._request:  # the bytes handed out last time are passed on: the agent may send more
+            await self._conn._grant(self.target, request)
+        try:
+            header, payload = await self._conn._next(self.target, self._request, None)  # a server may idle long
+        except GuestConnectionLost:
+            if self._idle:
+                raise self._idle_error() from None
+            raise
         event = header.get("ev")
         if event == "data":
+            self._active_at = asyncio.get_running_loop().time()
             return payload
         if event not in ("eof", "end"):
             reason = f"the agent sent a tunnel frame {str(event)[:40]!r}"
@@ -617,7 +694,9 @@ class GuestTunnel:
         assert request.send_credit is not None
         view = memoryview(data)
         while view:
-            while request.send_credit <= 0:
+            while request.send_credit <= 0 or self._idle:
+                if self._idle:
+                    raise self._idle_error()
                 if self._conn.closed:
                     raise self._conn._lost_error()
                 if self._finished or request.send_closed:  # ended or failed: nothing takes bytes any more
@@ -626,11 +705,14 @@ class GuestTunnel:
                 await request.credit_ready.wait()
             size = min(len(view), request.send_credit, _WRITE_CHUNK)
             request.send_credit -= size
+            self._active_at = asyncio.get_running_loop().time()
             await self._conn._send({"id": self.target, "op": "data"}, bytes(view[:size]))
             view = view[size:]
 
     async def write_eof(self) -> None:
         """Shut the sending side: the server reads end of stream once it has taken what was sent."""
+        if self._idle:
+            raise self._idle_error()
         if not self._finished:
             await self._conn._send({"id": self.target, "op": "eof"})
 
@@ -639,6 +721,12 @@ class GuestTunnel:
         if self._closed:
             return
         self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
         if not self._finished:
             self._conn._finish(self.target, done=False)
             if not self._conn.closed:

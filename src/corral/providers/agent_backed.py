@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from corral.errors import (
     CorralError,
@@ -58,7 +58,17 @@ from corral.providers.base import (
     collect_exec,
 )
 
-__all__ = ["EXEC_GRACE_S", "AgentBackedProvider", "AgentPortStream", "AgentPty", "ExecGate", "file_info_from_json"]
+__all__ = [
+    "EXEC_GRACE_S",
+    "MAX_TUNNELS_PER_WORKSPACE",
+    "MAX_TUNNELS_TOTAL",
+    "AgentBackedProvider",
+    "AgentPortStream",
+    "AgentPty",
+    "ExecGate",
+    "TunnelSlots",
+    "file_info_from_json",
+]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,12 @@ WALK_TIMEOUT_S = 600.0
 """How long a walk of a whole tree (glob, disk usage) may take before the agent is given up as stuck."""
 VIOLATION_GRACE_S = 1.0
 """How long a protocol violation waits to see whether the sandbox is dying (then it is a death, not an attack)."""
+MAX_TUNNELS_PER_WORKSPACE = 32
+"""Connections to ports one workspace may have open at once, counted by the host: the agent's own cap
+(:data:`corral.guest.agent.MAX_TUNNELS`) is only as good as the agent, which the workspace can replace."""
+MAX_TUNNELS_TOTAL = 256
+"""Connections to ports into all workspaces this server may have open at once (each holds up to
+:data:`corral.guest.agent.TUNNEL_WINDOW` of its memory)."""
 
 
 def _exit_status(header: dict[str, Any]) -> tuple[int, float]:
@@ -177,6 +193,58 @@ class ExecGate:
             self._slots.release()
 
 
+class TunnelSlots:
+    """Open connections to ports, per workspace and in all, each capped; past either cap, 429.
+
+    Counted on the host, whatever the agent answers: an agent that ignores its own cap still gets no more tunnels.
+    """
+
+    def __init__(self, per_workspace: int, total: int) -> None:
+        self.per_workspace = per_workspace
+        self.total = total
+        self.open: dict[str, int] = {}
+
+    @property
+    def in_use(self) -> int:
+        """Tunnels open now, in all workspaces."""
+        return sum(self.open.values())
+
+    def take(self, workspace_id: str) -> Callable[[], None]:
+        """Take a slot for one tunnel into ``workspace_id``; returns what gives it back (calling it twice is harmless).
+
+        Raises:
+            TooManyRequestsError: The workspace, or the server, has as many tunnels open as it may.
+        """
+        held = self.open.get(workspace_id, 0)
+        if held >= self.per_workspace:
+            raise TooManyRequestsError(
+                f"workspace {workspace_id} has {held} connections to its ports open, the most one workspace may "
+                "have; retry when some have closed",
+                details={"id": workspace_id, "open": held, "limit": self.per_workspace},
+            )
+        if self.in_use >= self.total:
+            raise TooManyRequestsError(
+                f"the server has {self.total} connections to ports of workspaces open, the most it keeps; retry when "
+                "some have closed",
+                details={"id": workspace_id, "limit": self.total},
+            )
+        self.open[workspace_id] = held + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            left = self.open.get(workspace_id, 0) - 1
+            if left > 0:
+                self.open[workspace_id] = left
+            else:
+                self.open.pop(workspace_id, None)
+
+        return release
+
+
 class AgentBackedProvider:
     """Mixin: the exec and file half of :class:`~corral.providers.base.WorkspaceProvider` over the guest agent.
 
@@ -190,6 +258,9 @@ class AgentBackedProvider:
     """Commands one workspace runs at once (CORRAL_MAX_CONCURRENT_EXECS)."""
     max_queued_execs: int = 256
     """Commands one workspace keeps waiting beyond those; more answer 429 (CORRAL_MAX_QUEUED_EXECS)."""
+    tunnel_slots: ClassVar[TunnelSlots] = TunnelSlots(MAX_TUNNELS_PER_WORKSPACE, MAX_TUNNELS_TOTAL)
+    """Open connections to ports: one count for every agent-backed provider of the process, since what they cap is
+    the server's memory."""
     agent_answer_timeout_s: float = ANSWER_TIMEOUT_S
     """How long any answer of the agent may take (walks of the whole tree: WALK_TIMEOUT_S) before the connection is
     given up as stuck and the next call starts a fresh agent."""
@@ -421,21 +492,27 @@ class AgentBackedProvider:
         :class:`~corral.providers.base.PortTunnel`): no network needed, the agent relays the bytes.
 
         Like a terminal, a connection takes none of the workspace's exec slots; each holds one of the agent's
-        worker threads while it is open.
+        worker threads while it is open, and one of :attr:`tunnel_slots` (TooManyRequestsError past its caps). One
+        that carries no byte either way for :data:`~corral.guest.client.TUNNEL_IDLE_S` is closed.
         """
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise InvalidRequestError(f"port must be a number from 1 to 65535, got {port!r}", details={"port": port})
         conn = await self._agent(workspace_id)
-        if "tunnel" not in conn.features:
+        if "tunnel_window" not in conn.features:  # an agent of the first tunnels sends a window the host refuses
             raise InvalidRequestError(
                 f"the agent of workspace {workspace_id} predates port tunnels; stop and resume the workspace to "
                 "upgrade it",
                 details={"capability": "port_tunnel"},
             )
+        release = self.tunnel_slots.take(workspace_id)
         try:
-            tunnel = await conn.open_tunnel(port)
+            tunnel = await conn.open_tunnel(port, on_close=release)
         except GuestConnectionLost as exc:
+            release()
             raise await self._lost(workspace_id, exc) from None
+        except BaseException:
+            release()
+            raise
         return AgentPortStream(self, workspace_id, tunnel)
 
     # --- files ------------------------------------------------------------------------------------------------------
