@@ -40,7 +40,14 @@ from corral.errors import (
     WorkspaceNotFoundError,
 )
 
-__all__ = ["E2BApiError", "e2b_error", "install_error_handlers", "is_e2b_path", "status_of"]
+__all__ = [
+    "E2BApiError",
+    "e2b_error",
+    "install_error_handlers",
+    "is_e2b_path",
+    "json_body",
+    "status_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,20 @@ class E2BApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    """A control-plane request's JSON object body (empty: ``{}``), or a 400 in E2B's words."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise E2BApiError(400, f"Error when parsing request: {exc}") from None
+    if not isinstance(body, dict):
+        raise E2BApiError(400, "Error when parsing request: the body must be a JSON object")
+    return body
 
 
 def e2b_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:

@@ -50,7 +50,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from corral.api.e2b._errors import E2BApiError, e2b_error, status_of
+from corral.api.e2b._errors import E2BApiError, e2b_error, json_body, status_of
 from corral.api.e2b._network import egress_of_create, egress_of_update, isolated, network_json
 from corral.api.e2b._snapshots import FILESYSTEM_ONLY, filesystem_only, lookup, snapshot_json
 from corral.api.e2b._state import (
@@ -139,19 +139,6 @@ class _ControlRoute(APIRoute):
 
 
 # --- request bodies ---------------------------------------------------------------------------------------------
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise E2BApiError(400, f"Error when parsing request: {exc}") from None
-    if not isinstance(body, dict):
-        raise E2BApiError(400, "Error when parsing request: the body must be a JSON object")
-    return body
 
 
 def _str_map(body: Mapping[str, Any], key: str) -> dict[str, str]:
@@ -328,7 +315,7 @@ MCP_GATEWAY_REFUSED = (
 
 async def _create(request: Request, default_timeout: int) -> JSONResponse:
     state = get_state(request)
-    body = await _body(request)
+    body = await json_body(request)
     template = body.get("templateID")
     if not isinstance(template, str) or not template:
         raise _invalid_body('doesn\'t match schema: property "templateID" is missing')
@@ -660,7 +647,7 @@ async def get_sandbox(sandbox_id: str, request: Request) -> JSONResponse:
 async def update_network(sandbox_id: str, request: Request) -> Response:
     """Replace a running sandbox's egress rules (``Sandbox.update_network``): in force when this answers."""
     state = get_state(request)
-    policy = egress_of_update(await _body(request))
+    policy = egress_of_update(await json_body(request))
     record, _ = await _visible(state, sandbox_id)
     if record.network != "default":
         raise E2BApiError(
@@ -686,7 +673,7 @@ async def set_timeout(sandbox_id: str, request: Request) -> Response:
     """The running sandbox now times out ``timeout`` seconds from now (sooner or later than before), at most 24 h
     after it started; 404 when it is not running."""
     state = get_state(request)
-    timeout = _int(await _body(request), "timeout", None)
+    timeout = _int(await json_body(request), "timeout", None)
     if timeout is None:
         raise _invalid_body('doesn\'t match schema: property "timeout" is missing')
     async with state.lifecycle_lock(sandbox_id):
@@ -700,7 +687,7 @@ async def set_timeout(sandbox_id: str, request: Request) -> Response:
 async def refresh(sandbox_id: str, request: Request) -> Response:
     """Keep the running sandbox alive ``duration`` more seconds (at least 15; never shortens its life)."""
     state = get_state(request)
-    duration = max(_int(await _body(request), "duration", None) or V1_TIMEOUT_S, V1_TIMEOUT_S)
+    duration = max(_int(await json_body(request), "duration", None) or V1_TIMEOUT_S, V1_TIMEOUT_S)
     async with state.lifecycle_lock(sandbox_id):
         record = await _running(state, sandbox_id)
         await state.set_timeout(record, duration, only_extend=True)
@@ -718,7 +705,7 @@ async def _settled(state: E2BState, sandbox_id: str) -> tuple[WorkspaceRecord, V
 async def pause(sandbox_id: str, request: Request) -> Response:
     """Pause, keeping processes and memory (with ``memory: false``, only the disk). 409 when already paused."""
     state = get_state(request)
-    memory = _bool(await _body(request), "memory", True)
+    memory = _bool(await json_body(request), "memory", True)
     async with state.lifecycle_lock(sandbox_id):
         _, view = await _visible(state, sandbox_id)
         transition = state.transition(sandbox_id)
@@ -734,7 +721,7 @@ async def _wake(request: Request, sandbox_id: str, *, timeout_default: int | Non
     """Connect (and resume, API v1): 200 for a running sandbox (its timeout only extended), 201 after resuming a
     paused one (with its processes and memory, or from its disk with ``memory: false``)."""
     state = get_state(request)
-    body = await _body(request)
+    body = await json_body(request)
     if timeout_default is None and body.get("timeout") is None:
         raise _invalid_body('doesn\'t match schema: property "timeout" is missing')
     timeout, memory = _timeout(body, timeout_default or 0), _bool(body, "memory", True)
@@ -764,7 +751,7 @@ async def resume(sandbox_id: str, request: Request) -> JSONResponse:
     """Resume a paused sandbox (API v1, deprecated), with its memory unless ``memory: false``; the timeout
     defaults to 15 s; 409 when it is running."""
     state = get_state(request)
-    body = await _body(request)
+    body = await json_body(request)
     timeout, memory = _timeout(body, V1_TIMEOUT_S), _bool(body, "memory", True)
     async with state.lifecycle_lock(sandbox_id):
         found = await _settled(state, sandbox_id)
@@ -783,7 +770,7 @@ async def fork(sandbox_id: str, request: Request) -> JSONResponse:
     """``count`` new sandboxes with the running sandbox's files and processes; it carries on. All or nothing: a
     failure answers one error and leaves no fork, so every entry of a 201 holds a sandbox."""
     state = get_state(request)
-    body = await _body(request)
+    body = await json_body(request)
     timeout = clamp_timeout(_int(body, "timeout", FORK_TIMEOUT_S) or FORK_TIMEOUT_S)
     count = body.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int):
@@ -808,7 +795,7 @@ async def fork(sandbox_id: str, request: Request) -> JSONResponse:
 async def create_snapshot(sandbox_id: str, request: Request) -> JSONResponse:
     """Snapshot a running sandbox (files, processes and memory; files only with ``memory: false``)."""
     state = get_state(request)
-    body = await _body(request)
+    body = await json_body(request)
     name = body.get("name")
     if name is not None and not isinstance(name, str):
         raise _invalid_body('doesn\'t match schema: property "name": must be a string')

@@ -71,7 +71,7 @@ from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from corral.api.e2b._errors import E2BApiError, e2b_error, status_of
+from corral.api.e2b._errors import E2BApiError, e2b_error, json_body, status_of
 from corral.api.e2b._state import E2BState
 from corral.errors import CorralError, InvalidRequestError
 from corral.orchestrator.service import WorkspaceService
@@ -1030,19 +1030,6 @@ class _UploadRoute(APIRoute):
         return handler
 
 
-async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise E2BApiError(400, f"Error when parsing request: {exc}") from None
-    if not isinstance(body, dict):
-        raise E2BApiError(400, "Error when parsing request: the body must be a JSON object")
-    return body
-
-
 def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
     value = body.get(key)
     if value is None:
@@ -1054,7 +1041,7 @@ def _optional_int(body: Mapping[str, Any], key: str) -> int | None:
 
 async def request_build(request: Request) -> JSONResponse:
     """``POST /v3/templates``: register a build of ``name`` (``name:tag``) with ``tags``."""
-    body = await _json(request)
+    body = await json_body(request)
     ref = parse_template_name(body.get("name") or body.get("alias"))
     extra = parse_tags(body.get("tags") or [])
     given = body.get("name") or body.get("alias") or ""
@@ -1133,7 +1120,7 @@ async def start_build(request: Request) -> Response:
     if build.status != "waiting":
         raise E2BApiError(409, f"build '{build_id}' was already started ({build.status})")
     try:
-        spec = parse_build_start(await _json(request))
+        spec = parse_build_start(await json_body(request))
         for index, step in enumerate(spec.steps):
             if step.files_hash is not None and not state.upload_path(template_id, step.files_hash).is_file():
                 raise InvalidRequestError(
@@ -1195,7 +1182,7 @@ async def list_tags(request: Request) -> JSONResponse:
 
 async def assign_tags(request: Request) -> JSONResponse:
     """``POST /templates/tags``: point tags at the build ``target`` (``name:tag``) names."""
-    body = await _json(request)
+    body = await json_body(request)
     target = parse_template_name(body.get("target"), field_name="target")
     tags = parse_tags(body.get("tags"))
     if not tags:
@@ -1206,7 +1193,7 @@ async def assign_tags(request: Request) -> JSONResponse:
 
 async def remove_tags(request: Request) -> Response:
     """``DELETE /templates/tags``: remove tags of the template ``name``."""
-    body = await _json(request)
+    body = await json_body(request)
     ref = parse_template_name(body.get("name"))
     tags = parse_tags(body.get("tags"))
     if not tags:
