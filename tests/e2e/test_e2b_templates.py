@@ -332,3 +332,39 @@ def test_async_build_in_background_with_status_polling(
     assert report["status"] == "ready"
     assert [line for line in report["lines"] if line.startswith("line-")] == ["line-1", "line-2", "line-3"]
     assert report["exists"] is True
+
+
+def test_build_steps_cannot_reach_other_containers_on_the_bridge(
+    e2b_server: Server, tmp_path: Path, templates: list[str]
+) -> None:
+    """A build step, like a workspace, is kept from its bridge neighbours (CORRAL_EGRESS_ALWAYS_DENY): fetching a
+    container this test started fails the build, though the container answers from the host."""
+    name = new_name(templates)
+    target = f"corral-test-build-target-{uuid.uuid4().hex[:8]}"
+    subprocess.run(
+        ["docker", "run", "-d", "--rm", "--name", target, "--cap-drop", "ALL", BASE_IMAGE, "python3", "-m",
+         "http.server", "8080"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    try:
+        address = _docker("inspect", "-f", "{{.NetworkSettings.IPAddress}}", target)
+        report = run_user_script(
+            e2b_server,
+            tmp_path,
+            f"""
+            import json
+            from e2b import BuildException, Template
+
+            try:
+                Template.build(Template().from_template("base").run_cmd("curl -sS --max-time 5 http://{address}:8080/"),
+                               "{name}")
+                error = None
+            except BuildException as exc:
+                error = str(exc)
+            print(json.dumps({{"error": error}}))
+            """,
+        )
+    finally:
+        subprocess.run(["docker", "rm", "-f", target], capture_output=True, check=False)
+    assert report["error"] is not None, report
+    assert _template_images(name) == []

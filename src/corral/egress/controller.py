@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from corral.egress import netns
 from corral.egress.policy import EgressPolicy, Network, render_rules
 from corral.egress.proxy import EgressProxy, Resolver
 
-__all__ = ["EgressController", "nameservers_of"]
+__all__ = ["EgressController", "always_denied", "docker_nameservers", "nameservers_of", "restrict_container"]
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +122,53 @@ def nameservers_of(resolv_conf: str) -> list[str]:
         if len(fields) >= 2 and fields[0] == "nameserver":
             servers.append(fields[1])
     return servers
+
+
+def docker_nameservers() -> list[str]:
+    """The nameservers of a container on Docker's default bridge: the host's, loopback ones left out, and Google's
+    when none is left (dockerd's rule). Read on the host: the container's own resolv.conf is writable from inside, so
+    it must not say which servers a filter lets through."""
+    try:
+        servers = nameservers_of(Path("/etc/resolv.conf").read_text())
+    except OSError:
+        servers = []
+    servers = [s for s in servers if not s.startswith("127.") and s != "::1"]
+    return servers or ["8.8.8.8", "8.8.4.4"]
+
+
+def always_denied(entries: Sequence[str], info: Mapping[str, Any]) -> list[Network]:
+    """``CORRAL_EGRESS_ALWAYS_DENY`` entries for one container (``docker inspect`` output), ``bridge`` read as the
+    subnets of its networks."""
+    denied: list[Network] = []
+    for entry in entries:
+        if entry != "bridge":
+            denied.append(ipaddress.ip_network(entry, strict=False))
+            continue
+        for network in ((info.get("NetworkSettings") or {}).get("Networks") or {}).values():
+            address, length = (network or {}).get("IPAddress"), (network or {}).get("IPPrefixLen")
+            if address and length:
+                denied.append(ipaddress.ip_interface(f"{address}/{length}").network)
+    return denied
+
+
+async def restrict_container(info: Mapping[str, Any], entries: Sequence[str]) -> None:
+    """Put only what is always denied in force in a running container that is no workspace (a template build), for
+    the time it runs.
+
+    Raises:
+        OSError: The namespace cannot be entered or the filter was refused.
+    """
+    pid = int((info.get("State") or {}).get("Pid") or 0)
+    denied = always_denied(entries, info)
+    if not pid or not denied:
+        return
+    nameservers = await asyncio.to_thread(docker_nameservers)
+    ns_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        for version, command in ((4, "iptables-restore"), (6, "ip6tables-restore")):
+            rules = render_rules(
+                EgressPolicy(), version=version, proxy_port=None, nameservers=nameservers, base_deny=denied
+            )
+            await netns.apply_rules(ns_fd, command, rules)
+    finally:
+        os.close(ns_fd)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import json
 import logging
 import os
@@ -35,8 +34,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Literal
 
-from corral.egress import EgressController, EgressPolicy, nameservers_of
-from corral.egress.policy import Network
+from corral.egress import EgressController, EgressPolicy
+from corral.egress.controller import always_denied, docker_nameservers
 from corral.errors import (
     CorralError,
     InvalidRequestError,
@@ -599,27 +598,16 @@ class DockerProvider(AgentBackedProvider):
             raise WorkspaceStateError(f"workspace {workspace_id} is not running", details={"id": workspace_id})
         # The nameservers Docker gave the container, worked out from the host's resolv.conf as dockerd does: the
         # container's own copy is writable from inside, so it must not say which servers the filter lets through.
-        nameservers = await asyncio.to_thread(_docker_nameservers)
+        nameservers = await asyncio.to_thread(docker_nameservers)
         try:
-            await self.egress.apply(workspace_id, pid, policy, nameservers, self._always_denied(info or {}))
+            await self.egress.apply(
+                workspace_id, pid, policy, nameservers, always_denied(self.egress_always_deny, info or {})
+            )
         except OSError as exc:
             log.warning("workspace %s: egress rules could not be put in force: %s", workspace_id, exc)
             raise ProviderUnavailableError(
                 self.name, f"egress rules for workspace {workspace_id} could not be put in force (see the server log)"
             ) from exc
-
-    def _always_denied(self, info: dict[str, Any]) -> list[Network]:
-        """``egress_always_deny`` for this container, ``bridge`` read as the subnets of its networks."""
-        denied: list[Network] = []
-        for entry in self.egress_always_deny:
-            if entry != "bridge":
-                denied.append(ipaddress.ip_network(entry, strict=False))
-                continue
-            for network in ((info.get("NetworkSettings") or {}).get("Networks") or {}).values():
-                address, length = (network or {}).get("IPAddress"), (network or {}).get("IPPrefixLen")
-                if address and length:
-                    denied.append(ipaddress.ip_interface(f"{address}/{length}").network)
-        return denied
 
     async def resource_usage(self, workspace_id: str) -> ResourceUsage:
         """CPU time and memory now, from the engine's one-shot stats (the cgroup's counters, as ``docker stats``), and
@@ -1039,17 +1027,6 @@ class _AgentLog:
             return
         self.logged += len(data)
         log.debug("agent %s: %s", self.workspace_id, data[:4096].decode(errors="replace"))
-
-
-def _docker_nameservers() -> list[str]:
-    """The nameservers of a container on Docker's default bridge: the host's, loopback ones left out, and Google's
-    when none is left (dockerd's rule)."""
-    try:
-        servers = nameservers_of(Path("/etc/resolv.conf").read_text())
-    except OSError:
-        servers = []
-    servers = [s for s in servers if not s.startswith("127.") and s != "::1"]
-    return servers or ["8.8.8.8", "8.8.4.4"]
 
 
 def _spec_json(spec: WorkspaceSpec) -> str:

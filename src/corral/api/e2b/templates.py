@@ -73,6 +73,8 @@ from fastapi.routing import APIRoute
 
 from corral.api.e2b._errors import E2BApiError, e2b_error, json_body, status_of
 from corral.api.e2b._state import E2BState
+from corral.egress.controller import restrict_container
+from corral.egress.policy import parse_always_deny
 from corral.errors import CorralError, InvalidRequestError
 from corral.orchestrator.service import WorkspaceService
 from corral.providers._docker_engine import DockerAPIError, DockerEngine
@@ -488,10 +490,19 @@ class TemplatesState:
     """The template API's state for one app: the Docker engine, builds in flight, uploaded archives."""
 
     def __init__(
-        self, engine: DockerEngine, upload_dir: Path, base_image: str, *, owner: str, runtime: str | None = None
+        self,
+        engine: DockerEngine,
+        upload_dir: Path,
+        base_image: str,
+        *,
+        owner: str,
+        runtime: str | None = None,
+        always_deny: tuple[str, ...] = (),
     ) -> None:
         self.engine = engine
         self.runtime = runtime
+        self.always_deny = always_deny
+        """CORRAL_EGRESS_ALWAYS_DENY: build steps reach the internet, not other workspaces or the host."""
         """The dockerd runtime of build containers: gVisor's networked one when registered (steps are code to
         contain, as a workspace's commands are), else Docker's default."""
         self.owner = owner
@@ -608,7 +619,7 @@ class TemplatesState:
 
     async def _build(self, build: Build, spec: BuildSpec, base: str, container: str) -> None:
         build.log(f"Starting from {spec.from_image or spec.from_template}", step="base")
-        host_config: dict[str, Any] = {"Init": True}
+        host_config: dict[str, Any] = {"Init": True, "PidsLimit": 4096}
         if self.runtime is not None:
             host_config["Runtime"] = self.runtime
         if build.cpu_count:
@@ -626,8 +637,16 @@ class TemplatesState:
         try:
             await self.engine.create_container(container, config)
             await self.engine.start_container(container)
+            info = await self.engine.inspect_container(container)
         except DockerAPIError as exc:
             raise _StepFailedError(f"cannot start a build container from the base image: {exc}", "base") from exc
+        try:
+            await restrict_container(info or {}, self.always_deny)
+        except OSError as exc:
+            log.warning("build container %s: egress rules could not be put in force: %s", container, exc)
+            raise _StepFailedError(
+                "cannot restrict the build container's network (see the server log)", "base"
+            ) from exc
         has_user = await self._exec(container, ["id", "-u", E2B_USER], build=None) == 0
         ctx = _Context(E2B_USER if has_user else "root", E2B_HOME if has_user else "/", {}, has_user)
         for index, step in enumerate(spec.steps):
@@ -1243,7 +1262,14 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             runtime = None
     except DockerAPIError:
         runtime = None  # builds fail later, saying the engine is unreachable
-    state = TemplatesState(engine, upload_dir, settings.base_image, owner=settings.owner_id(), runtime=runtime)
+    state = TemplatesState(
+        engine,
+        upload_dir,
+        settings.base_image,
+        owner=settings.owner_id(),
+        runtime=runtime,
+        always_deny=parse_always_deny(settings.egress_always_deny),
+    )
     app.state.e2b_templates = state
     await state.remove_leftovers()
     try:
