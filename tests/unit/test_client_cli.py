@@ -58,11 +58,12 @@ def test_arguments_from_a_file(tmp_path: Path) -> None:
         ("bash", None, ["timeout_s:=soon"], "not valid JSON"),
         ("read", "{not json", [], "not valid JSON"),
         ("read", "@/nonexistent/args.json", [], "cannot read"),
-        ("frobnicate", "x", [], "takes a JSON object or --arg"),
+        ("bsh", "ls", [], "unknown tool 'bsh'; the tools are bash, read, write, edit, grep, glob, git"),
+        ("frobnicate", None, ["command=x"], "unknown tool 'frobnicate'"),
     ],
 )
 def test_bad_tool_arguments_are_usage_errors(tool: str, value: str | None, pairs: list[str], problem: str) -> None:
-    """Malformed pairs, invalid JSON and a bare value for a tool without a main argument are BadParameter."""
+    """Malformed pairs, invalid JSON and an unknown tool name (however its arguments are given) are BadParameter."""
     with pytest.raises(typer.BadParameter, match=problem):
         parse_tool_arguments(tool, value, pairs)
 

@@ -30,15 +30,16 @@ def parse_tool_arguments(tool: str, value: str | None, pairs: Sequence[str]) -> 
     Each pair is ``key=text`` (always a string) or ``key:=json`` (a number, boolean, list or object), so
     ``-a timeout_s:=30`` is the number 30. Pairs override the positional value.
     """
+    if tool not in MAIN_ARGUMENT:
+        # Said here, before arguments are read: "'bsh' takes a JSON object" sent people looking at the wrong word.
+        raise typer.BadParameter(f"unknown tool {tool!r}; the tools are {', '.join(MAIN_ARGUMENT)}")
     arguments: dict[str, Any] = {}
     if value is not None:
         if value == "-" or value.startswith(("{", "@")):
             arguments.update(parse_json_object(value, "arguments"))
-        elif tool in MAIN_ARGUMENT:
+        else:
             main = MAIN_ARGUMENT[tool]
             arguments[main] = shlex.split(value) if main == "args" else value
-        else:
-            raise typer.BadParameter(f"arguments: {tool!r} takes a JSON object or --arg key=value pairs")
     for pair in pairs:
         key, typed, raw = _split_pair(pair)
         if not typed:
