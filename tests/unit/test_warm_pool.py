@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,16 @@ async def test_each_warm_workspace_runs_its_first_command_before_it_is_offered(
     waiting = await warm(service, pool.key)
     execs = [target for call, target in providers["firecracker"].calls if call == "exec"]
     assert sorted(execs) == sorted(r.id for r in waiting)
+
+
+async def test_warm_and_cold_workspace_ids_have_one_format(service: WorkspaceService) -> None:
+    """A warm workspace's id looks like a cold one's: 16 hex digits (they were 32 and 16)."""
+    pool = spec(service, size=1)
+    await filled(service, pool)
+    (warm_record,) = await warm(service, pool.key)
+    cold = await service.create(CreateWorkspace(provider="firecracker", network="default"))
+    assert re.fullmatch(r"[0-9a-f]{16}", warm_record.id), warm_record.id
+    assert re.fullmatch(r"[0-9a-f]{16}", cold.id), cold.id
 
 
 async def test_zero_size_pool_is_not_configured(service: WorkspaceService) -> None:

@@ -84,6 +84,12 @@ WARM_UP_COMMAND = "bash -l -c true 2>/dev/null || true"
 """Run once in every warm workspace before it is offered (see :meth:`WorkspaceService.create_warm`); an image
 without bash runs ``true`` only."""
 
+
+def new_workspace_id() -> str:
+    """A workspace id: 16 hex digits, whether it is made cold, warm or from a snapshot (one format everywhere)."""
+    return uuid.uuid4().hex[:16]
+
+
 EGRESS_KEY = "egress"
 """The metadata key under which a workspace's egress rules are kept (``EgressPolicy.to_json``)."""
 
@@ -315,6 +321,7 @@ class WorkspaceService:
         # "creating" in the pool, so the drain (or reconciliation) removes it.
         record = await asyncio.shield(
             self.store.workspaces.create(
+                id=new_workspace_id(),
                 requested_provider=spec.provider,
                 container_type="agent_workspace",
                 resource_limits=spec.limits.to_json(),
@@ -397,7 +404,7 @@ class WorkspaceService:
         warm = await self._from_pool(request, try_order, skipped, image)
         if warm is not None:
             return warm
-        workspace_id = uuid.uuid4().hex[:16]
+        workspace_id = new_workspace_id()
         await self.store.workspaces.create(
             id=workspace_id,
             requested_provider=request.provider,
@@ -907,7 +914,7 @@ class WorkspaceService:
             raise ProviderUnavailableError(provider_name, "not configured on this server, or it has no snapshots")
         limits, network, container_type = source.limits, source.network, source.container_type
         image = source.base_image or self.settings.base_image
-        workspace_id = uuid.uuid4().hex[:16]
+        workspace_id = new_workspace_id()
         await self.store.workspaces.create(
             id=workspace_id,
             requested_provider=provider_name,
