@@ -244,3 +244,15 @@ def test_snapshots_list_filters_and_prints_a_table(monkeypatch: pytest.MonkeyPat
     assert runner.invoke(app, ["snapshots", "list", "-q"]).stdout == "s1\ns0\n"
     assert [s["id"] for s in json.loads(runner.invoke(app, ["snapshots", "list", "--json"]).stdout)] == ["s1", "s0"]
     assert queries[-1] == {}, "no filter given, none sent"
+
+
+@pytest.mark.parametrize("option", ["--cwd", "--cwd=/tmp", "-e", "--timeout"])
+def test_exec_option_after_the_workspace_id_is_named(option: str) -> None:
+    """``exec $WS --cwd /tmp pwd`` says the option is misplaced and where it goes, instead of running '--cwd' (which
+    /bin/sh answered with "Illegal option --"); nothing is sent to a server."""
+    words = ["--url", "http://127.0.0.1:9", "workspaces", "exec", "w1", option, "/tmp", "pwd"]
+    result = runner.invoke(app, words, env={"COLUMNS": "400"})  # the message on one line of the error box
+    assert result.exit_code == 2, result.output
+    name = option.split("=", maxsplit=1)[0]
+    assert f"{name} comes after the workspace id" in result.output
+    assert f"corral workspaces exec {name} ... w1 COMMAND" in result.output

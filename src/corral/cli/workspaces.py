@@ -128,6 +128,10 @@ def workspaces_show(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = F
     show(describe(dict(info.raw)))
 
 
+EXEC_OPTIONS = frozenset({"--argv", "--cwd", "--env", "-e", "--timeout", "--json"})
+"""The options of ``exec``: one of these right after the workspace id was meant for exec, not for the command."""
+
+
 @app.command("exec", context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]})
 def workspaces_exec(
     ctx: typer.Context,
@@ -154,6 +158,13 @@ def workspaces_exec(
     """
     if command[:1] == ["--"]:  # after the workspace id every word is the command's, so `--` is left to drop here
         command = command[1:]
+    elif command and command[0].split("=", 1)[0] in EXEC_OPTIONS:
+        # Run as the command, `--cwd` reached /bin/sh as an option ("Illegal option --"): say what happened.
+        option = command[0].split("=", 1)[0]
+        raise typer.BadParameter(
+            f"{option} comes after the workspace id, so it would be run as the command; options go before it: "
+            f"corral workspaces exec {option} ... {workspace_id} COMMAND"
+        )
     if not command:
         raise typer.BadParameter("missing the command to run")
     with connect(ctx) as corral:
