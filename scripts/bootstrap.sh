@@ -146,6 +146,18 @@ if [ "$(cat "$js_stamp" 2>/dev/null)" != "$want_js_stamp" ]; then
     echo "$want_js_stamp" > "$js_stamp"
 fi
 
+# --- 4c. browser assets the server serves itself (web console terminal, offline /docs) ----------------------------
+# xterm.js and Swagger UI come from the npm registry here, at set-up, pinned by web/package-lock.json; the server never
+# fetches anything at run time. --ignore-scripts: these are static files, and no install script may phone home.
+web=web
+web_stamp=$web/node_modules/.corral-installed
+want_web_stamp=$(sha256sum "$web/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$web_stamp" 2>/dev/null)" != "$want_web_stamp" ]; then
+    log "installing the web console's and /docs' browser assets into $web/node_modules (npm ci)"
+    (cd "$web" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    echo "$want_web_stamp" > "$web_stamp"
+fi
+
 # --- 5. base image ------------------------------------------------------------------------------------------------
 .venv/bin/corral image build --if-missing
 log "ready"
