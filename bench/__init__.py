@@ -4,6 +4,7 @@
 ratio, and the targets of the speed issue; ``make bench-quick`` does the same with smaller counts. Modules:
 
 * :mod:`bench.latency`: session ready (warm pool vs cold), create to first command, exec and file round trips;
+* :mod:`bench.tools`: the agent's tool calls against a plain exec, and through ``corral mcp`` against HTTP;
 * :mod:`bench.scale`: many sessions started at once;
 * :mod:`bench.memory`: memory per idle gVisor workspace and how many fit;
 * :mod:`bench.plain`: the plain alternative, straight through the Docker Engine API;

@@ -25,11 +25,12 @@ from bench.memory import idle_memory
 from bench.report import machine_info, render, write_markdown
 from bench.scale import sessions_at_once
 from bench.stateful import forks_and_snapshots, pause_resume, setup_sessions
+from bench.tools import tool_latency
 from corral.errors import CorralError
 from corral.providers._docker_engine import DockerAPIError
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "latest.md"
-SCENARIOS: tuple[str, ...] = ("starts", "exec", "e2b", "burst", "memory", "pause", "fork", "setup")
+SCENARIOS: tuple[str, ...] = ("starts", "exec", "tools", "e2b", "burst", "memory", "pause", "fork", "setup")
 """What ``--only`` picks from, in the order they run."""
 GROUPS = {"stateful": ("pause", "fork", "setup")}
 
@@ -47,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, Path, tuple[str, 
     parser.add_argument("--files", type=int, help="10 MB file round trips per variant (default 30; quick 2)")
     parser.add_argument("--idle", type=int, help="idle workspaces for the memory measurement (default 10; quick 4)")
     parser.add_argument("--cycles", type=int, help="pause/resume cycles per variant (default 20; quick 5)")
+    parser.add_argument("--tool-calls", type=int, help="rounds of tool calls (default 40; quick 15)")
     parser.add_argument(
         "--only",
         metavar="NAMES",
@@ -73,9 +75,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, Path, tuple[str, 
         "files": args.files,
         "idle": args.idle,
         "cycles": args.cycles,
+        "tool_calls": args.tool_calls,
     }
     config = dataclasses.replace(QUICK if args.quick else FULL, **{k: v for k, v in overrides.items() if v is not None})
-    for name in ("burst", "execs", "creates", "files", "idle", "cycles"):
+    for name in ("burst", "execs", "creates", "files", "idle", "cycles", "tool_calls"):
         if getattr(config, name) < 1:
             parser.error(f"--{name}: must be at least 1")
     if config.burst_pool < 0:
@@ -131,6 +134,8 @@ async def run(config: Config, out: Path, scenarios: tuple[str, ...] = SCENARIOS)
                     await _step("exec and file round trips", exec_and_files(bench, cold))
                 if {"starts", "exec"} & set(scenarios):
                     await bench.stop_server(cold)
+                if "tools" in scenarios:
+                    await _step(f"tool calls, {config.tool_calls} rounds", tool_latency(bench))
                 if "e2b" in scenarios:
                     await _step("E2B SDK against Corral's own API", e2b_latency(bench))
                 if "burst" in scenarios:

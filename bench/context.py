@@ -55,6 +55,8 @@ class Config:
     warm_pool: int = 3
     """Pool size of the warm server: a claim takes the oldest, whose agent has long been up."""
     file_bytes: int = 10_000_000
+    tool_calls: int = 40
+    """Rounds of the tools scenario (each runs every tool-call way once)."""
 
 
 FULL = Config(quick=False, execs=200, creates=30, files=30, burst=50, burst_pool=0, idle=10)
@@ -73,6 +75,7 @@ QUICK = Config(
     fork_rounds=1,
     setup_s=3.0,
     later_sessions=3,
+    tool_calls=15,
 )
 """A smoke-sized run: the same shapes with smaller counts (and a 3 s setup)."""
 

@@ -9,9 +9,10 @@ import pytest
 
 from corral.errors import InvalidRequestError, ToolError, WorkspaceFileNotFoundError
 from corral.providers._docker_engine import DockerEngine
-from corral.providers.base import WorkspaceSpec
+from corral.providers.base import ExecMode, ExecRequest, WorkspaceSpec
 from corral.providers.gvisor import GVisorProvider
 from corral.tools import Toolbox, ToolLimits
+from corral.tools.shell import shell_state_dir
 from tests.conftest import BASE_IMAGE
 
 pytestmark = pytest.mark.integration
@@ -84,6 +85,83 @@ async def test_bash_exit_codes_are_the_commands_own_and_state_survives_exit(tool
     result = await tools.bash({"command": "cd /tmp; export KEPT=yes; echo oops >&2; exit 3"})
     assert (result["exit_code"], result["stderr"]) == (3, "oops\n")
     assert (await tools.bash({"command": 'pwd; echo "$KEPT"'}))["stdout"] == "/tmp\nyes\n"
+
+
+async def test_bash_set_e_failure_saves_state_and_a_vanished_cwd_is_reported(tools: Toolbox) -> None:
+    """A `set -e` failure keeps cd and export; a working directory removed since is replaced by /workspace, said."""
+    failed = await tools.bash({"command": "set -e; mkdir -p /workspace/gone; cd gone; export KEPT=yes; false; echo no"})
+    assert (failed["exit_code"], failed["stdout"]) == (1, "")
+    kept = await tools.bash({"command": 'pwd; echo "$KEPT"; rmdir /workspace/gone'})
+    assert (kept["stdout"], kept["stderr"]) == ("/workspace/gone\nyes\n", "")
+    moved = await tools.bash({"command": 'pwd; echo "$KEPT"'})
+    assert moved["stdout"] == "/workspace\nyes\n"
+    assert moved["stderr"] == "corral: the working directory /workspace/gone is gone; starting in /workspace\n"
+
+
+async def _newest_slot(provider: GVisorProvider, workspace_id: str) -> tuple[int, str]:
+    """The generation and text of the newest saved shell state of session ``s1``."""
+    state = shell_state_dir("s1")
+    slots = []
+    for slot in (0, 1):
+        result = await provider.exec(workspace_id, ExecRequest("cat", (f"{state}/state.{slot}",), mode=ExecMode.ARGV))
+        if result.exit_code == 0:
+            text = result.stdout.decode()
+            slots.append((int(text.split("\n", 1)[0].rsplit(" ", 1)[1]), text))
+    return max(slots)
+
+
+async def _put(provider: GVisorProvider, workspace_id: str, path: str, text: str) -> None:
+    """Replace a file's content with ``text``, as the shell's ``>|`` does (truncate, then write)."""
+    put = ExecRequest("/bin/bash", ("-c", 'printf %s "$1" >| "$2"', "bash", text, path), mode=ExecMode.ARGV)
+    assert (await provider.exec(workspace_id, put)).exit_code == 0
+
+
+def _as_generation(text: str, generation: int) -> str:
+    """A saved state's text with its generation (named on its first three lines) set to ``generation``."""
+    lines = text.split("\n")
+    lines[:3] = [
+        f"# corral shell state {generation}",
+        f"if (( {generation} > __corral_gen )); then",
+        f"__corral_gen={generation}",
+    ]
+    return "\n".join(lines)
+
+
+async def test_bash_state_cut_short_mid_save_is_ignored(workspace: tuple[GVisorProvider, str], tools: Toolbox) -> None:
+    """A newer state slot cut off anywhere before its end (a kill mid-save) runs nothing and the state before holds;
+    the same slot whole is used."""
+    provider, workspace_id = workspace
+    await tools.bash({"command": "cd /tmp && export KEPT=before"})
+
+    async def newer() -> tuple[str, str]:
+        generation, text = await _newest_slot(provider, workspace_id)
+        assert text.startswith(f"# corral shell state {generation}\nif ") and text.endswith("\nfi\n")
+        torn = _as_generation(text, generation + 1).replace('KEPT="before"', 'KEPT="torn"')
+        torn = torn.replace("__corral_cwd=/tmp\n", "__corral_cwd=/; echo RAN\n")
+        assert 'KEPT="torn"' in torn and "echo RAN" in torn
+        return f"{shell_state_dir('s1')}/state.{(generation + 1) % 2}", torn
+
+    for where in ("# corral", " then", "KEPT", "echo RAN", "\nfi"):  # cut 2 characters into each
+        slot, torn = await newer()
+        cut = torn.index(where) + 2
+        await _put(provider, workspace_id, slot, torn[:cut])
+        result = await tools.bash({"command": 'pwd; echo "$KEPT"'})
+        assert (result["stdout"], result["stderr"]) == ("/tmp\nbefore\n", ""), where
+    slot, torn = await newer()
+    await _put(provider, workspace_id, slot, torn)
+    assert (await tools.bash({"command": 'pwd; echo "$KEPT"'}))["stdout"] == "RAN\n/\ntorn\n"
+
+
+async def test_bash_reads_state_saved_in_the_earlier_format(
+    workspace: tuple[GVisorProvider, str], tools: Toolbox
+) -> None:
+    """A session whose state was saved as files env and cwd (before the slots) carries on with it."""
+    provider, workspace_id = workspace
+    state = shell_state_dir("s1")
+    await provider.write_file(workspace_id, f"{state}/env", b'declare -x PATH="/usr/bin:/bin"\ndeclare -x OLD="yes"\n')
+    await provider.write_file(workspace_id, f"{state}/cwd", b"/tmp")
+    result = await tools.bash({"command": 'pwd; echo "$OLD ${HOME-nohome}"'})
+    assert (result["stdout"], result["stderr"]) == ("/tmp\nyes nohome\n", "")
 
 
 async def test_bash_sessions_do_not_share_a_shell(workspace: tuple[GVisorProvider, str]) -> None:

@@ -2,22 +2,33 @@
 
 No process stays alive between calls. Each call runs ``bash -c`` with a fixed script that restores the session's
 state, ``eval``s the agent's command (handed over in an environment variable, never spliced into the script),
-then saves the state again from an ``EXIT`` trap, so ``exit 3`` and ``set -e`` failures save it too. The state lives
-in the sandbox, in ``/tmp/.corral-shell/<session_id>/``:
+then saves the state again from an ``EXIT`` trap, so ``exit 3`` and ``set -e`` failures save it too. The script
+itself starts no process (under gVisor each one costs about 8 ms): only bash builtins, no subshell and no command
+substitution, except ``mkdir`` on a session's first call. The state lives in the sandbox, in
+``/tmp/.corral-shell/<session_id>/``, as two slots ``state.0`` and ``state.1``, each a script of one ``if`` block::
 
-* ``cwd``: the working directory (``printf %s "$PWD"``); a fresh session starts in ``/workspace``;
-* ``env``: the exported variables (``declare -px``). On restore every exported variable is unset first, so
-  ``unset`` carries over as well as ``export``.
+    if (( GEN > __corral_gen )); then __corral_gen=GEN; __corral_reset
+    declare -x ...        # declare -px: the exported variables
+    __corral_cwd=...      # the working directory; a fresh session starts in /workspace
+    fi
+
+A save writes generation N+1 into slot ``(N+1) % 2``, never into the slot holding N, the newest complete state.
+The restore sources both slots; the newer complete one wins. Bash parses a whole ``if`` block before it runs any
+of it, so a slot cut short by a kill mid-save is a syntax error that runs nothing, and the other slot (the state
+before) is used: no ``mv`` needed for atomicity. ``__corral_reset`` unsets every exported variable first (found by
+``"${!A@}" ... "${!_@}"``, not ``compgen -e``, which would need a fork), so ``unset`` carries over as well as
+``export``. State saved by the earlier format (files ``env`` and ``cwd``) is still read when no slot is there.
 
 Shell functions, aliases, options and unexported variables do not carry over. A call that times out is killed
 with its process group before it can save, so it leaves the state of the call before it; so does a command that
-replaces the ``EXIT`` trap. Calls of one session are not serialised here: two at once both start from the same
-state and the last to finish wins.
+replaces the ``EXIT`` trap. Calls of one session are not serialised here (the session service queues them): two at
+once both start from the same state and save into the same slot, so overlapping saves can mix.
 """
 
 from __future__ import annotations
 
 import re
+import string
 
 from corral.errors import ExecTimeoutError, InvalidRequestError
 from corral.providers.base import ExecMode, ExecRequest, WorkspaceCalls
@@ -30,32 +41,47 @@ TIMEOUT_EXIT_CODE = 137
 COMMAND_ENV = "CORRAL_BASH_COMMAND"
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
-# $1 is the state directory. Every helper name starts with __corral_ to stay out of the agent's way.
-SHELL_SCRIPT = r"""
+# Every variable name starts with one of these, so "${!A@}" ... "${!_@}" name them all without starting a process
+# (``compgen -e`` would need a command substitution, which forks).
+_ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in string.ascii_uppercase + string.ascii_lowercase + "_")
+
+# $1 is the state directory. Every helper name starts with __corral_ to stay out of the agent's way. Nothing here
+# starts a process, except the first call of a session, which creates the directory.
+SHELL_SCRIPT = rf"""
 __corral_dir=$1
 set --
 __corral_cmd=$CORRAL_BASH_COMMAND
 unset CORRAL_BASH_COMMAND
-(umask 077 && mkdir -p -- "$__corral_dir") 2>/dev/null
+[ -d "$__corral_dir" ] || (umask 077 && mkdir -p -- "$__corral_dir") 2>/dev/null
+__corral_gen=0
 __corral_cwd=/workspace
-if [ -f "$__corral_dir/env" ]; then
-    for __corral_name in $(compgen -e); do unset "$__corral_name" 2>/dev/null; done
+__corral_reset() {{
+    for __corral_name in {_ALL_NAMES}; do
+        [[ ${{!__corral_name@a}} == *x* ]] && unset "$__corral_name"
+    done
+}}
+{{ . "$__corral_dir/state.0"; . "$__corral_dir/state.1"; }} 2>/dev/null
+if [ "$__corral_gen" = 0 ] && [ -f "$__corral_dir/env" ]; then
+    __corral_reset
     . "$__corral_dir/env" 2>/dev/null
-    [ -f "$__corral_dir/cwd" ] && __corral_cwd=$(< "$__corral_dir/cwd")
+    IFS= read -r -d '' __corral_cwd < "$__corral_dir/cwd" 2>/dev/null
 fi
-__corral_oldpwd=${OLDPWD-}
-if ! cd -- "$__corral_cwd" 2>/dev/null; then
+__corral_oldpwd=${{OLDPWD-}}
+if ! {{ [ -d "$__corral_cwd" ] && [ -x "$__corral_cwd" ] && cd -- "$__corral_cwd"; }}; then
     printf 'corral: the working directory %s is gone; starting in /workspace\n' "$__corral_cwd" >&2
     cd /workspace || exit 1
 fi
 [ -n "$__corral_oldpwd" ] && OLDPWD=$__corral_oldpwd
-__corral_save() {
-    {
-        declare -px > "$__corral_dir/env.$$" && command -p mv -f -- "$__corral_dir/env.$$" "$__corral_dir/env"
-        printf '%s' "$PWD" > "$__corral_dir/cwd.$$" && command -p mv -f -- "$__corral_dir/cwd.$$" "$__corral_dir/cwd"
-    } 2>/dev/null
-}
-trap '__corral_rc=$?; __corral_save; exit $__corral_rc' EXIT
+__corral_save() {{
+    local g=$((__corral_gen + 1))
+    {{
+        builtin printf '# corral shell state %s\nif (( %s > __corral_gen )); then\n__corral_gen=%s\n__corral_reset\n' \
+            "$g" "$g" "$g"
+        builtin declare -px
+        builtin printf '__corral_cwd=%q\nfi\n' "$PWD"
+    }} >| "$__corral_dir/state.$((g % 2))"
+}}
+trap '__corral_rc=$?; set +eu; __corral_save; exit $__corral_rc' EXIT
 unset __corral_name __corral_cwd __corral_oldpwd
 eval "$__corral_cmd"
 """
