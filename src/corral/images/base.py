@@ -24,6 +24,8 @@ BASE_PACKAGES = (
     # What E2B's base template has, which E2B programs assume (the README's "The base image").
     "python3-pip", "python3-venv", "python-is-python3", "nodejs", "npm", "curl", "build-essential", "jq", "unzip",
     "sudo",
+    # An editor for `corral workspaces shell` and the console's terminal: vim-tiny is Debian's small `vi`.
+    "vim-tiny",
 )  # fmt: skip
 # E2B's default user: uid/gid 1000 with a home and passwordless sudo. Native workspaces still run as root in
 # /workspace (IMAGE_CHANGES); E2B sandboxes run as this user in its home.

@@ -799,6 +799,12 @@ class ProviderConformance:
         assert (await provider.stat(workspace, "/workspace/a/b")).type == "dir"
         assert await _read_all(provider, workspace, "/workspace/a/b/c/leaf.txt") == b"leaf"
 
+    async def test_write_replaces_a_longer_file_whole(self, provider: WorkspaceProvider, workspace: str) -> None:
+        """Writing over an existing, longer file leaves exactly the new content (the file is truncated)."""
+        await provider.write_file(workspace, "/workspace/over.txt", b"a much longer first version\n")
+        await provider.write_file(workspace, "/workspace/over.txt", b"short\n")
+        assert await _read_all(provider, workspace, "/workspace/over.txt") == b"short\n"
+
     async def test_relative_paths_start_at_workspace(self, provider: WorkspaceProvider, workspace: str) -> None:
         """A relative path is taken from /workspace."""
         await provider.write_file(workspace, "relative/file.txt", b"rel")
