@@ -322,7 +322,9 @@ async def test_on_timeout_pause_then_auto_resume(app: FastAPI, client: httpx.Asy
     await state.save(record, replace(SandboxExtras.of(record), end_at=time.time() - 1))
 
     async def paused() -> bool:
-        return (await state.service.get(sid)).status == "paused"
+        # The record says paused a moment before the pause's transition ends, and pauseMode shows only after that.
+        answer = (await client.get(f"/e2b/sandboxes/{sid}")).json()
+        return bool(answer["state"] == "paused" and "pauseMode" in answer)
 
     await _until(paused, "the timer paused the sandbox")
     body = (await client.get(f"/e2b/sandboxes/{sid}")).json()
