@@ -25,6 +25,7 @@ Each class carries ``code`` (the stable snake_case code of the HTTP API) and ``h
     │   ├── ToolNotAllowedError                403     tool_not_allowed          not enabled for the agent type
     │   └── UnknownToolError                   404     unknown_tool              no tool of that name
     ├── AgentTypeNotFoundError (LookupError)   404     agent_type_not_found      no agent type with that id
+    ├── AgentTypeInUseError                    409     agent_type_in_use         live sessions: cannot delete it
     ├── SessionNotFoundError (LookupError)     404     session_not_found         no session with that id
     ├── NoWorkspaceError                       404     no_workspace              the agent type has no workspace
     ├── SessionStateError                      409     session_state_conflict    provisioning or ended: no tool calls
@@ -50,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Final
 
 __all__ = [
+    "AgentTypeInUseError",
     "AgentTypeNotFoundError",
     "AllProvidersFailedError",
     "CheckoutError",
@@ -270,6 +272,13 @@ class AgentTypeNotFoundError(CorralError, LookupError):
 
     code = "agent_type_not_found"
     http_status = 404
+
+
+class AgentTypeInUseError(CorralError):
+    """The agent type has sessions still provisioning or active; ``details.sessions`` names them."""
+
+    code = "agent_type_in_use"
+    http_status = 409
 
 
 class SessionNotFoundError(CorralError, LookupError):

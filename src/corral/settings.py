@@ -180,11 +180,21 @@ class Settings(BaseSettings):
     workspace_ttl_s: float = Field(0.0, ge=0)
     """CORRAL_WORKSPACE_TTL_S: destroy workspaces this many seconds after creation; 0 = never (default)."""
 
-    idle_timeout_s: float = Field(0.0, ge=0)
-    """CORRAL_IDLE_TIMEOUT_S: destroy workspaces unused (no exec or file call) this long; 0 = never (default)."""
+    idle_timeout_s: float = Field(3600.0, ge=0)
+    """CORRAL_IDLE_TIMEOUT_S: a session with no tool call for this long ends (its workspace is destroyed, as
+    ending it does), and a workspace of no session with no exec or file call for this long is stopped (its disk is
+    kept; resume brings it back); 0 = never. E2B sandboxes keep their own timeout instead."""
+
+    idle_warning_s: float = Field(300.0, ge=0)
+    """CORRAL_IDLE_WARNING_S: how long before the idle timeout strikes the CLI warns about it (the API gives every
+    workspace and session its ``expires_at``; the CLI reads this variable from its own environment)."""
+
+    failed_record_ttl_s: float = Field(3600.0, ge=0)
+    """CORRAL_FAILED_RECORD_TTL_S: the reaper deletes the ``error`` record of a failed create kept with
+    ``?keep_failed=true`` this many seconds after it failed; 0 = keep them until deleted by hand."""
 
     reaper_interval_s: float = Field(60.0, gt=0)
-    """CORRAL_REAPER_INTERVAL_S: seconds between reaper sweeps when a TTL or idle timeout is set."""
+    """CORRAL_REAPER_INTERVAL_S: seconds between reaper sweeps (TTL, idle timeout, failed-create records)."""
 
     e2b_api_key: str | None = Field(None, validation_alias=AliasChoices("E2B_API_KEY", "CORRAL_E2B_API_KEY"))
     """E2B_API_KEY: enables the e2b provider."""
@@ -221,6 +231,11 @@ class Settings(BaseSettings):
     egress_hosts_file: Path | None = None
     """CORRAL_EGRESS_HOSTS_FILE: an /etc/hosts-style file the egress proxy reads before DNS when it resolves a host
     name a workspace's ``allow_out`` lets through (internal names; re-read when it changes). Unset: DNS only."""
+
+    web_assets_dir: Path = Path(__file__).resolve().parents[2] / "web" / "node_modules"
+    """CORRAL_WEB_ASSETS_DIR: the ``node_modules`` directory holding the browser packages the server serves itself
+    (xterm.js for the web console's terminal, Swagger UI for /docs), installed from web/package-lock.json by ``make
+    bootstrap``. Default: ``web/node_modules`` of the source tree Corral runs from."""
 
     def default_limits(self) -> ResourceLimits:
         """Limits from WORKSPACE_DEFAULT_CPU / _MEMORY / _DISK."""

@@ -118,22 +118,23 @@ def test_connection_refused_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_exec_prints_both_streams_and_exits_with_the_commands_code(monkeypatch: pytest.MonkeyPatch) -> None:
-    """exec writes the command's stdout and stderr to its own and exits with the command's exit code; the words
-    after the workspace id are the command, ``--`` dropped."""
+    """exec streams the command's stdout and stderr to its own and exits with the command's exit code; the words
+    after the workspace id are the command, ``--`` dropped; piped stdin is sent as the command's input."""
     workspace = {"id": "w1", "status": "ready"}
     sent: list[Any] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/exec"):
             sent.append(json.loads(request.content))
-            return httpx.Response(200, json={"exit_code": 3, "stdout": "out\n", "stderr": "err\n",
-                                             "duration_ms": 1.0, "timed_out": False, "truncated": False})  # fmt: skip
+            lines = [{"stream": "stdout", "data": "out\n"}, {"stream": "stderr", "data": "err\n"},
+                     {"exit_code": 3, "timed_out": False, "duration_ms": 1.0}]  # fmt: skip
+            return httpx.Response(200, content="".join(json.dumps(line) + "\n" for line in lines).encode())
         return httpx.Response(200, json=workspace)
 
     _serve(monkeypatch, handler)
-    result = runner.invoke(app, ["workspaces", "exec", "--argv", "w1", "--", "ls", "-la"])
+    result = runner.invoke(app, ["workspaces", "exec", "--argv", "w1", "--", "ls", "-la"], input="in\n")
     assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
-    assert sent == [{"command": "ls", "args": ["-la"], "mode": "argv"}]
+    assert sent == [{"command": "ls", "args": ["-la"], "mode": "argv", "stdin": "in\n", "stream": True}]
 
 
 def test_image_build_off_a_terminal_prints_every_line_as_before(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.agents.config import config_from_json
@@ -81,8 +81,9 @@ def session_json(record: SessionRecord, *, isolation: str | None = None) -> dict
 
 
 async def _session(agents: AgentService, record: SessionRecord) -> dict[str, Any]:
-    """``session_json`` with the isolation of the session's workspace."""
-    return session_json(record, isolation=await agents.workspaces.workspace_isolation(record.workspace_id))
+    """``session_json`` with the isolation of the session's workspace and its idle timeout."""
+    answer = session_json(record, isolation=await agents.workspaces.workspace_isolation(record.workspace_id))
+    return {**answer, **agents.workspaces.session_lifetime(record).to_json()}
 
 
 # Routes declare the error statuses their work can end in; 400, 401 and 413 are added by corral.api.openapi.
@@ -102,6 +103,14 @@ async def list_agent_types(agents: AgentsDep) -> dict[str, Any]:
 async def get_agent_type(agent_type_id: str, agents: AgentsDep) -> dict[str, Any]:
     """One agent type."""
     return agent_type_json(await agents.get_type(agent_type_id))
+
+
+@router.delete("/api/v1/agent-types/{agent_type_id}", status_code=204, responses=error_responses(404, 409))
+async def delete_agent_type(agent_type_id: str, agents: AgentsDep) -> Response:
+    """Delete an agent type with its ended sessions and their audit logs. 409 ``agent_type_in_use`` while sessions of
+    it are provisioning or active (``details.sessions`` lists them): end them first."""
+    await agents.delete_type(agent_type_id)
+    return Response(status_code=204)
 
 
 @router.get("/api/v1/agent-types/{agent_type_id}/workspace-config", responses=error_responses(404))
@@ -125,6 +134,23 @@ async def start_session(body: StartSessionBody, agents: AgentsDep) -> dict[str, 
     """Start a session; it is ``provisioning`` until its workspace is ready, then ``active``."""
     task = TaskContext.parse(body.task.context if body.task is not None else None)
     return await _session(agents, await agents.start(body.agent_type_id, task))
+
+
+class SessionList(BaseModel):
+    """``GET /api/v1/agent/sessions``."""
+
+    sessions: list[SessionModel]
+
+
+@router.get("/api/v1/agent/sessions", response_model=SessionList)
+async def list_sessions(
+    agents: AgentsDep,
+    status: Annotated[
+        str | None, Query(description="only sessions in this status: provisioning, active or ended")
+    ] = None,
+) -> dict[str, Any]:
+    """Sessions, newest first, each as ``GET /api/v1/agent/sessions/{id}`` shows it."""
+    return {"sessions": [await _session(agents, r) for r in await agents.list_sessions(status)]}
 
 
 @router.get("/api/v1/agent/sessions/{session_id}", response_model=SessionModel, responses=error_responses(404))

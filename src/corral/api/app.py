@@ -23,7 +23,7 @@ from fastapi import Depends, FastAPI
 from corral import __version__
 from corral.agents.sessions import AgentService
 from corral.api import agents as agents_api
-from corral.api import workspaces
+from corral.api import pty, workspaces
 from corral.api.deps import require_token
 from corral.api.e2b import mount_e2b
 from corral.api.errors import install_error_handlers
@@ -31,6 +31,7 @@ from corral.api.guard import GuardLimits, RequestGuard
 from corral.api.openapi import install_openapi
 from corral.api.ports import mount_ports
 from corral.api.schemas import HealthResponse
+from corral.console import console_router
 from corral.credentials import load_secret_box
 from corral.orchestrator.disk import DiskWatcher
 from corral.orchestrator.health import HealthMonitor
@@ -124,15 +125,17 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
         )
         await _reconcile_at_start(service, snapshots, pools)
         disk = DiskWatcher(service, interval_s=settings.disk_check_interval_s, warn_ratio=settings.disk_warn_ratio)
+        app.state.service = service
+        app.state.snapshots = snapshots
+        app.state.agents = agents = AgentService(service, box, snapshots=snapshots)
         reaper = Reaper(
             service,
             ttl_s=settings.workspace_ttl_s,
             idle_s=settings.idle_timeout_s,
             interval_s=settings.reaper_interval_s,
+            failed_ttl_s=settings.failed_record_ttl_s,
+            sessions=agents,  # idle sessions end through the agent layer, which destroys their workspaces
         )
-        app.state.service = service
-        app.state.snapshots = snapshots
-        app.state.agents = agents = AgentService(service, box, snapshots=snapshots)
         await agents.protect_stored_credentials()
         await agents.resume_interrupted()
         await monitor.start()
@@ -150,7 +153,8 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
             await service.aclose()
             await store.close()
 
-    app = FastAPI(title="Corral", version=__version__, lifespan=lifespan)
+    # FastAPI's /docs and /redoc load their scripts from a CDN; Corral serves Swagger UI itself (mount_docs).
+    app = FastAPI(title="Corral", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     private_data_dir(settings.data_dir)
     app.state.api_token = resolve_api_token(settings)
     install_error_handlers(app)
@@ -162,6 +166,13 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
     # port's bodies stream uncapped (see corral.api.ports).
     mount_ports(app, domain=settings.sandbox_domain)
 
+    _mount_routes(app, settings)
+    return app
+
+
+def _mount_routes(app: FastAPI, settings: Settings) -> None:
+    """Every route, each group with the authentication it needs."""
+
     @app.get("/healthz", tags=["meta"])
     async def healthz() -> HealthResponse:
         """Liveness: answers without a token."""
@@ -170,7 +181,11 @@ def create_app(settings: Settings, *, providers: dict[str, WorkspaceProvider] | 
     app.include_router(workspaces.router, dependencies=[Depends(require_token)])
     app.include_router(workspaces.snapshots_router, dependencies=[Depends(require_token)])
     app.include_router(agents_api.router, dependencies=[Depends(require_token)])
+    # The terminal WebSocket: RequestGuard authenticates the upgrade (header or subprotocol) before it is accepted.
+    app.include_router(pty.router)
     # E2B compatibility authenticates the SDK's own way (X-API-KEY, sandbox access tokens): see corral.api.e2b.
     mount_e2b(app)
-    install_openapi(app)
-    return app
+    # The web console's pages at / are public files; its data comes from the API above, with the token.
+    app.include_router(console_router(settings))
+    # /openapi.json and Swagger UI at /docs (served from web/node_modules, not a CDN) are public like /healthz.
+    install_openapi(app, docs_assets_dir=settings.web_assets_dir)

@@ -12,10 +12,15 @@ has no token. :class:`RequestGuard` is plain ASGI middleware in front of everyth
   :attr:`GuardLimits.tools` for agent tool calls (whose ``write`` content may be larger), and no cap for the
   file-upload routes, which stream to the workspace as they arrive. A declared ``Content-Length`` over the cap is
   refused before reading; a chunked body is counted as it arrives and cut off with 413 once past the cap.
+* A WebSocket upgrade to ``/api/...`` (the PTY) is authenticated the same way, or by a ``corral.token.<base64url>``
+  subprotocol for browsers, and refused before it is accepted: HTTP 401, or close code 4401 where the server cannot
+  answer HTTP on a WebSocket scope.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import re
@@ -25,10 +30,14 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["BodyTooLargeError", "GuardLimits", "RequestGuard"]
+__all__ = ["TOKEN_SUBPROTOCOL", "BodyTooLargeError", "GuardLimits", "RequestGuard"]
+
+TOKEN_SUBPROTOCOL = "corral.token."  # noqa: S105  # a prefix, not a secret
+"""A WebSocket subprotocol that carries the API token, base64url-encoded without padding, for browsers."""
 
 _UPLOADS = (
     ("PUT", re.compile(r"^/api/v1/agent/workspaces/[^/]+/files$")),
+    ("PUT", re.compile(r"^/api/v1/agent/workspaces/[^/]+/files/archive$")),  # corral workspaces cp uploads
     ("POST", re.compile(r"^/e2b/envd/files$")),
     ("POST", re.compile(r"^/files$")),
     ("PUT", re.compile(r"^/e2b/templates/[^/]+/files/[^/]+$")),  # template build archives (capped by the route)
@@ -70,6 +79,9 @@ class RequestGuard:
         self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -100,6 +112,29 @@ class RequestGuard:
         scheme, _, token = header.partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token().encode())
 
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade to Corral's API is authenticated before it is accepted: by its ``Authorization``
+        header, or (browsers cannot set headers on a WebSocket) by a ``corral.token.<base64url>`` subprotocol."""
+        if not scope["path"].startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        offered: list[str] = list(scope.get("subprotocols") or [])
+        if self._authorized(headers.get("authorization", "")) or any(self._token_protocol(p) for p in offered):
+            await self.app(scope, receive, send)
+            return
+        await _refuse_websocket(scope, receive, send)
+
+    def _token_protocol(self, protocol: str) -> bool:
+        if not protocol.startswith(TOKEN_SUBPROTOCOL):
+            return False
+        encoded = protocol[len(TOKEN_SUBPROTOCOL) :]
+        try:
+            token = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        except (ValueError, binascii.Error):
+            return False
+        return hmac.compare_digest(token, self._token().encode())
+
 
 def _capped(receive: Receive, limit: int) -> Receive:
     seen = 0
@@ -114,6 +149,29 @@ def _capped(receive: Receive, limit: int) -> Receive:
         return message
 
     return wrapped
+
+
+async def _refuse_websocket(scope: Scope, receive: Receive, send: Send) -> None:
+    """Refuse an upgrade before accepting it: HTTP 401 in Corral's error shape where the server can answer one
+    (the ASGI ``websocket.http.response`` extension), else close code 4401 (the client sees HTTP 403)."""
+    message = await receive()  # websocket.connect: the handshake has not been answered yet
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 4401, "reason": "unauthorized"})
+        return
+    text = (
+        "missing or wrong token; send 'Authorization: Bearer <CORRAL_API_TOKEN>' or the subprotocol "
+        f"'{TOKEN_SUBPROTOCOL}<base64url of the token>'"
+    )
+    body = json.dumps({"error": {"code": "unauthorized", "message": text, "details": {}}}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+    ]
+    await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _reject(

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from corral.images.reference import IMAGE_REFERENCE_PATTERN
+from corral.orchestrator.service import Lifetime
 from corral.providers.base import FileInfo
 from corral.store import SnapshotRecord, WorkspaceRecord
 
@@ -104,6 +105,10 @@ class ExecBody(_Body):
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     timeout_s: float | None = Field(None, gt=0, le=86400)
+    stream: bool = Field(False, strict=True)
+    """Answer ``application/x-ndjson`` as the command runs: ``{"stream", "data"}`` chunks, then the exit line."""
+    stdin: str | None = None
+    """Text the command reads on its standard input, then end of file; none: ``/dev/null``."""
 
 
 class ExecResponse(BaseModel):
@@ -183,10 +188,24 @@ class WorkspaceModel(BaseModel):
     provider_attempts: list[ProviderAttempt]
     error: str | None = None
     created_at: datetime
+    warm: bool = Field(
+        False,
+        description="waiting unclaimed in a warm pool (listed only by GET /api/v1/agent/workspaces?include_warm=true)",
+    )
+    pool: str | None = Field(None, description="the warm pool's key while ``warm``, else null")
+    idle_timeout_s: float | None = Field(
+        None,
+        description="seconds without an exec or file call after which the workspace is stopped (a session's: its "
+        "session ends); null when no idle timeout applies (CORRAL_IDLE_TIMEOUT_S=0, warm, E2B sandboxes)",
+    )
+    expires_at: datetime | None = Field(
+        None, description="when the idle timeout strikes unless the workspace is used; null when it is not ready"
+    )
 
     @classmethod
-    def of(cls, record: WorkspaceRecord, *, isolation: str | None) -> WorkspaceModel:
-        """Convert from the store's record; ``isolation`` is its provider's (``WorkspaceService.isolation_of``)."""
+    def of(cls, record: WorkspaceRecord, *, isolation: str | None, lifetime: Lifetime | None = None) -> WorkspaceModel:
+        """Convert from the store's record; ``isolation`` is its provider's (``WorkspaceService.isolation_of``),
+        ``lifetime`` its idle timeout (``WorkspaceService.workspace_lifetime``; None: no timeout)."""
         return cls(
             id=record.id,
             status=record.status,
@@ -203,6 +222,10 @@ class WorkspaceModel(BaseModel):
             provider_attempts=[ProviderAttempt(provider=a.provider, error=a.error) for a in record.provider_attempts],
             error=record.error,
             created_at=record.created_at,
+            warm=record.pool_key is not None,
+            pool=record.pool_key,
+            idle_timeout_s=None if lifetime is None else lifetime.idle_timeout_s,
+            expires_at=None if lifetime is None else lifetime.expires_at,
         )
 
 
@@ -317,6 +340,12 @@ class SessionModel(BaseModel):
     tools: list[str]
     created_at: str
     ended_at: str | None
+    idle_timeout_s: float | None = Field(
+        None, description="seconds without a tool call after which the session ends; null when none applies"
+    )
+    expires_at: str | None = Field(
+        None, description="when the idle timeout ends the session unless it is used; null unless it is active"
+    )
 
 
 class AuditEntryModel(BaseModel):

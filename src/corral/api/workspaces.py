@@ -6,6 +6,7 @@ OpenAPI document by :mod:`corral.api.openapi`. Every workspace answer names its 
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -13,6 +14,7 @@ from fastapi.responses import StreamingResponse
 
 from corral.api.deps import ServiceDep, SnapshotsDep
 from corral.api.errors import error_responses
+from corral.api.exec_stream import KILLED_EXIT_CODE, NDJSON_CONTENT, NdjsonResponse, ndjson_events
 from corral.api.schemas import (
     ChmodBody,
     CreateWorkspaceBody,
@@ -35,7 +37,9 @@ from corral.api.schemas import (
     WriteFileResponse,
 )
 from corral.errors import ExecTimeoutError, InvalidRequestError
+from corral.orchestrator.archives import extract_archive, open_archive
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
+from corral.orchestrator.stdin import stdin_file
 from corral.providers.base import WORKSPACE_ROOT, ExecMode, ExecRequest, ResourceLimits
 from corral.store import WorkspaceRecord
 from corral.streams import relay
@@ -63,7 +67,9 @@ class OctetStreamResponse(StreamingResponse):
 
 
 def _model(service: WorkspaceService, record: WorkspaceRecord) -> WorkspaceModel:
-    return WorkspaceModel.of(record, isolation=service.isolation_of(record.provider))
+    return WorkspaceModel.of(
+        record, isolation=service.isolation_of(record.provider), lifetime=service.workspace_lifetime(record)
+    )
 
 
 @router.get("/providers")
@@ -83,7 +89,18 @@ async def pool_status(service: ServiceDep) -> PoolStatusResponse:
 
 
 @router.post("", status_code=201, responses=error_responses(403, 404, 409, 422, 503, 422))
-async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep, snapshots: SnapshotsDep) -> WorkspaceModel:
+async def create_workspace(
+    body: CreateWorkspaceBody,
+    service: ServiceDep,
+    snapshots: SnapshotsDep,
+    keep_failed: Annotated[
+        bool,
+        Query(
+            description="keep the workspace's record, in status error, when the create fails (by default it is "
+            "deleted; the error answer says what failed either way); kept ones go after CORRAL_FAILED_RECORD_TTL_S"
+        ),
+    ] = False,
+) -> WorkspaceModel:
     """Create a workspace; ``provider`` omitted or ``"auto"`` lets Corral choose and fall back. With
     ``from_snapshot`` it is restored from that snapshot instead (404 when it does not exist, 409 when not ready).
 
@@ -113,15 +130,22 @@ async def create_workspace(body: CreateWorkspaceBody, service: ServiceDep, snaps
             base_image=body.base_image,
             network=body.network,
             metadata=body.metadata,
+            keep_failed=keep_failed,
         )
     )
     return _model(service, record)
 
 
 @router.get("")
-async def list_workspaces(service: ServiceDep) -> WorkspaceList:
-    """Every workspace that is not destroyed."""
-    return WorkspaceList(workspaces=[_model(service, r) for r in await service.list_workspaces()])
+async def list_workspaces(
+    service: ServiceDep,
+    include_warm: Annotated[
+        bool, Query(description="also the warm-pool workspaces waiting to be claimed (each with warm: true)")
+    ] = False,
+) -> WorkspaceList:
+    """Every workspace that is not destroyed; warm-pool ones only with ``include_warm=true``."""
+    records = await service.list_workspaces(include_warm=include_warm)
+    return WorkspaceList(workspaces=[_model(service, r) for r in records])
 
 
 @router.get("/{workspace_id}", responses=error_responses(404))
@@ -202,9 +226,18 @@ async def delete_snapshot(snapshot_id: str, snapshots: SnapshotsDep) -> Response
     return Response(status_code=204)
 
 
-@router.post("/{workspace_id}/exec", responses=error_responses(*WORKSPACE_ERRORS, 429))
-async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -> ExecResponse:
-    """Run a command; a nonzero exit is a result. Past ``timeout_s`` the command is killed: ``timed_out: true``."""
+@router.post(
+    "/{workspace_id}/exec",
+    response_model=ExecResponse,
+    responses={200: {"content": NDJSON_CONTENT}, **error_responses(*WORKSPACE_ERRORS, 429)},
+)
+async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -> ExecResponse | Response:
+    """Run a command; a nonzero exit is a result. Past ``timeout_s`` the command is killed: ``timed_out: true``.
+
+    ``stdin``: text the command reads, then end of file. ``stream: true`` answers ``application/x-ndjson`` while
+    the command runs: ``{"stream", "data"}`` lines as produced, then ``{"exit_code", "timed_out", "duration_ms"}``
+    (or ``{"error": ...}`` for a failure after the first line). Errors found before it starts (unknown workspace,
+    bad input) are ordinary error answers. Closing the connection early kills the command."""
     request = ExecRequest(
         command=body.command,
         args=tuple(body.args),
@@ -213,17 +246,27 @@ async def exec_command(workspace_id: str, body: ExecBody, service: ServiceDep) -
         env=body.env,
         timeout_s=body.timeout_s or DEFAULT_EXEC_TIMEOUT_S,
     )
-    try:
-        result = await service.exec(workspace_id, request)
-    except ExecTimeoutError as exc:
-        return ExecResponse(
-            exit_code=137,  # killed by SIGKILL, as a shell would report it
-            stdout=exc.stdout.decode(errors="replace"),
-            stderr=exc.stderr.decode(errors="replace"),
-            duration_ms=exc.duration_ms,
-            timed_out=True,
-            truncated=False,
-        )
+    request.validate()
+    if body.stream:
+        await service.ensure_ready(workspace_id)  # a 404 or 409 is still an error answer, before the stream
+        cleanup = contextlib.AsyncExitStack()
+        if body.stdin is not None:
+            request = await cleanup.enter_async_context(stdin_file(service.runtime, workspace_id, request, body.stdin))
+        return NdjsonResponse(ndjson_events(service.exec_stream(workspace_id, request), cleanup))
+    async with contextlib.AsyncExitStack() as cleanup:
+        if body.stdin is not None:
+            request = await cleanup.enter_async_context(stdin_file(service.runtime, workspace_id, request, body.stdin))
+        try:
+            result = await service.exec(workspace_id, request)
+        except ExecTimeoutError as exc:
+            return ExecResponse(
+                exit_code=KILLED_EXIT_CODE,
+                stdout=exc.stdout.decode(errors="replace"),
+                stderr=exc.stderr.decode(errors="replace"),
+                duration_ms=exc.duration_ms,
+                timed_out=True,
+                truncated=False,
+            )
     return ExecResponse(
         exit_code=result.exit_code,
         stdout=result.stdout.decode(errors="replace"),
@@ -264,6 +307,45 @@ async def write_file(
 ) -> WriteFileResponse:
     """Write the request body (raw bytes, any length) to the file, parents created, streaming it through."""
     absolute, written = await service.write_file(workspace_id, path, request.stream(), mode=_mode(mode))
+    return WriteFileResponse(path=absolute, bytes_written=written)
+
+
+TAR_BYTES = {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}}
+
+
+class TarStreamResponse(StreamingResponse):
+    """A streamed tar archive."""
+
+    media_type = "application/x-tar"
+
+
+@router.get(
+    "/{workspace_id}/files/archive",
+    response_class=TarStreamResponse,
+    responses={
+        200: {
+            "description": "a tar archive whose one top-level entry is the path's last component",
+            "content": TAR_BYTES,
+        },
+        **error_responses(*WORKSPACE_ERRORS),
+    },
+)
+async def read_archive(workspace_id: str, path: PathQuery, service: ServiceDep) -> TarStreamResponse:
+    """A file or directory as a tar stream, made inside the workspace (``corral workspaces cp`` downloads this).
+
+    A missing path is a 404 before the stream begins; a failure later cuts the stream short."""
+    return TarStreamResponse(relay(await open_archive(service, workspace_id, path)))
+
+
+@router.put(
+    "/{workspace_id}/files/archive",
+    responses=error_responses(*WORKSPACE_ERRORS, 422),
+    openapi_extra={"requestBody": {"required": True, "content": TAR_BYTES, "description": "a tar archive"}},
+)
+async def write_archive(workspace_id: str, path: PathQuery, request: Request, service: ServiceDep) -> WriteFileResponse:
+    """Extract a tar body (any length, streamed) into the directory ``path``, created when missing; entries belong to
+    the workspace's user. ``bytes_written`` is the archive's size."""
+    absolute, written = await extract_archive(service, workspace_id, path, request.stream())
     return WriteFileResponse(path=absolute, bytes_written=written)
 
 

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from corral.cli._common import JsonFlag, connect, describe, print_json, show, stderr_console
+from corral.cli._common import JsonFlag, connect, describe, fail, print_json, show, stderr_console
+from corral.cli._lifetimes import warn_if_expiring
 from corral.cli.snapshots import report_snapshot
+from corral.errors import CorralError
 
 if TYPE_CHECKING:
-    from corral.client import WorkspaceInfo
+    from corral.client import Workspace, WorkspaceInfo
 
 app = typer.Typer(
     help="Create, run commands in, pause, stop, resume, snapshot, fork and remove workspaces.", no_args_is_help=True
@@ -36,10 +38,13 @@ def _limits(info: WorkspaceInfo) -> str:
 def _workspace_table(workspaces: Sequence[WorkspaceInfo]) -> Any:
     from rich.table import Table
 
-    table = Table("ID", "STATUS", "PROVIDER", "NETWORK", "LIMITS", "CREATED", box=None, pad_edge=False)
+    warm = any(w.warm for w in workspaces)  # the WARM column only when `list --all` found warm ones
+    columns = ["ID", "STATUS", "PROVIDER", "NETWORK", "LIMITS", "CREATED", *(["WARM"] if warm else [])]
+    table = Table(*columns, box=None, pad_edge=False)
     for w in workspaces:
         created = w.created_at.strftime("%Y-%m-%d %H:%M:%S") if w.created_at else "-"
-        table.add_row(w.id, w.status, w.provider or "-", w.network, _limits(w), created)
+        extra = [("warm" if w.warm else "-")] if warm else []
+        table.add_row(w.id, w.status, w.provider or "-", w.network, _limits(w), created, *extra)
     return table
 
 
@@ -103,11 +108,14 @@ def workspaces_list(
     ctx: typer.Context,
     *,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the ids")] = False,
+    include_warm: Annotated[
+        bool, typer.Option("--all", "-a", help="also warm-pool workspaces waiting to be claimed (WARM column)")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """List the workspaces that are not destroyed."""
+    """List the workspaces that are not destroyed (with --all, the warm pools' too)."""
     with connect(ctx) as corral:
-        infos = [w.info for w in corral.workspaces.list()]
+        infos = [w.info for w in corral.workspaces.list(include_warm=include_warm)]
     if as_json:
         print_json([dict(i.raw) for i in infos])
     elif quiet:
@@ -115,6 +123,8 @@ def workspaces_list(
             typer.echo(info.id)
     else:
         show(_workspace_table(infos) if infos else "no workspaces")
+        for info in infos:
+            warn_if_expiring("workspace", info.id, info.expires_at, ends=_ends(info))
 
 
 @app.command("show")
@@ -126,9 +136,15 @@ def workspaces_show(ctx: typer.Context, workspace_id: str, as_json: JsonFlag = F
         print_json(dict(info.raw))
         return
     show(describe(dict(info.raw)))
+    warn_if_expiring("workspace", info.id, info.expires_at, ends=_ends(info))
 
 
-EXEC_OPTIONS = frozenset({"--argv", "--cwd", "--env", "-e", "--timeout", "--json"})
+def _ends(info: WorkspaceInfo) -> str:
+    """What the idle timeout does to it: a session's workspace goes with its session; others stop, disk kept."""
+    return "ends with its session" if "session_id" in info.metadata else "stops"
+
+
+EXEC_OPTIONS = frozenset({"--argv", "--cwd", "--env", "-e", "--timeout", "--json", "--no-stdin", "-n"})
 """The options of ``exec``: one of these right after the workspace id was meant for exec, not for the command."""
 
 
@@ -144,9 +160,12 @@ def workspaces_exec(
     timeout: Annotated[
         float | None, typer.Option(help="kill the command after this many seconds (default 600)")
     ] = None,
+    no_stdin: Annotated[
+        bool, typer.Option("--no-stdin", "-n", help="do not forward stdin (it is forwarded when not a terminal)")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Run a command in a workspace; print its output and exit with its exit code.
+    """Run a command in a workspace; print its output as it comes and exit with its exit code.
 
     Options go before the workspace id, as with docker exec. One argument is a shell command line, run by
     /bin/sh -c; more are a program and its arguments (still through the shell, quoted, unless --argv):
@@ -154,7 +173,9 @@ def workspaces_exec(
     corral workspaces exec $WS 'cd src && ls | wc -l'
     corral workspaces exec --argv $WS -- ls -la /workspace
 
-    With --json the result is printed as JSON; the exit code is still the command's.
+    Piped or redirected stdin is the command's input (echo x | corral workspaces exec $WS cat); a terminal's is
+    not, as with docker exec without -i. With --json the result is printed as JSON once the command ends; the exit
+    code is still the command's.
     """
     if command[:1] == ["--"]:  # after the workspace id every word is the command's, so `--` is left to drop here
         command = command[1:]
@@ -167,30 +188,79 @@ def workspaces_exec(
         )
     if not command:
         raise typer.BadParameter("missing the command to run")
+    # Empty input and none (/dev/null) read alike: end of file at once, without writing an input file.
+    stdin = None if no_stdin or sys.stdin.isatty() else sys.stdin.buffer.read().decode(errors="replace") or None
+    options: dict[str, Any] = {
+        "args": command[1:],
+        "mode": "argv" if argv else "shell",
+        "cwd": cwd,
+        "env": _pairs(env or [], "--env") or None,
+        "timeout_s": timeout,
+        "stdin": stdin,
+    }
     with connect(ctx) as corral:
         workspace = corral.workspaces.get(workspace_id)
-        result = workspace.exec(
-            command[0],
-            args=command[1:],
-            mode="argv" if argv else "shell",
-            cwd=cwd,
-            env=_pairs(env or [], "--env") or None,
-            timeout_s=timeout,
-        )
-    if as_json:
-        print_json({"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
-                    "duration_ms": result.duration_ms, "timed_out": result.timed_out,
-                    "truncated": result.truncated})  # fmt: skip
-    else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
-        if result.timed_out:
-            sys.stderr.write(f"corral: the command timed out and was killed (exit code {result.exit_code})\n")
-        if result.truncated:
-            sys.stderr.write("corral: output past the server's limit was dropped\n")
-        sys.stderr.flush()
+        if not as_json:
+            raise typer.Exit(_stream_exec(workspace, command[0], options))
+        result = workspace.exec(command[0], **options)
+    print_json({"exit_code": result.exit_code, "stdout": result.stdout, "stderr": result.stderr,
+                "duration_ms": result.duration_ms, "timed_out": result.timed_out,
+                "truncated": result.truncated})  # fmt: skip
     raise typer.Exit(result.exit_code)
+
+
+def _stream_exec(workspace: Workspace, command: str, options: dict[str, Any]) -> int:
+    """Copy a streamed command's output to stdout and stderr as it comes; its exit code (130 after Ctrl-C, which
+    ends the request and so kills the command)."""
+    from corral.client import ExecChunk
+
+    outputs = {"stdout": sys.stdout, "stderr": sys.stderr}
+    items = workspace.exec_stream(command, **options)
+    try:
+        for item in items:
+            if isinstance(item, ExecChunk):
+                outputs.get(item.stream, sys.stderr).write(item.data)
+                outputs.get(item.stream, sys.stderr).flush()
+                continue
+            if item.timed_out:
+                sys.stderr.write(f"corral: the command timed out and was killed (exit code {item.exit_code})\n")
+            return item.exit_code
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        items.close()  # type: ignore[attr-defined]  # a generator: closing it closes the request
+    return 1  # pragma: no cover  # exec_stream raises when the stream ends without an exit
+
+
+@app.command("shell")
+def workspaces_shell(
+    ctx: typer.Context,
+    workspace_id: Annotated[str, typer.Argument(help="the workspace")],
+    *,
+    command: Annotated[
+        str | None, typer.Option("--command", "-c", help="a command line to run instead of a login shell")
+    ] = None,
+    cwd: Annotated[str | None, typer.Option(help="working directory (default /workspace)")] = None,
+) -> None:
+    """Open an interactive terminal in a workspace, like docker exec -it; exit with the remote exit code.
+
+    corral workspaces shell $WS
+
+    corral workspaces shell $WS --command 'top'
+
+    Full-screen programs work; the window size follows yours. The terminal's command ends when you leave.
+    """
+    from corral.cli._common import remote
+    from corral.cli._shell import run_shell
+    from corral.client._api import resolve_base_url, resolve_token
+
+    server = remote(ctx)
+    outcome = run_shell(
+        resolve_base_url(server.url), resolve_token(server.token), workspace_id, command=command, cwd=cwd
+    )
+    if outcome.error is not None:
+        fail(*outcome.error)
+    raise typer.Exit(outcome.exit_code)
 
 
 @app.command("stop")
@@ -290,3 +360,44 @@ def workspaces_rm(ctx: typer.Context, workspace_ids: Annotated[list[str], typer.
                 typer.echo(workspace_id)
     if failed:
         raise typer.Exit(1)
+
+
+@app.command("cp")
+def workspaces_cp(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Argument(help="ID:PATH in a workspace, or a local path")],
+    target: Annotated[str, typer.Argument(help="a local path, or ID:PATH in a workspace")],
+) -> None:
+    """Copy files or directories between a workspace and this machine, streamed, as docker cp does.
+
+    corral workspaces cp ./src $WS:/workspace/project
+
+    corral workspaces cp $WS:results ./out
+
+    Exactly one side is ID:PATH; relative workspace paths start at /workspace. An existing directory as the target
+    receives the copy under its own name; otherwise the copy becomes the target. Links that would lead outside the
+    target are not written (each is reported on stderr).
+    """
+    from pathlib import Path
+
+    from corral.cli._copy import WorkspacePath, download, parse_location, upload
+
+    src, dst = parse_location(source), parse_location(target)
+    if isinstance(src, WorkspacePath) == isinstance(dst, WorkspacePath):
+        raise typer.BadParameter(
+            f"exactly one of SOURCE and TARGET must be ID:PATH in a workspace, got {source!r} and {target!r}"
+        )
+    err = stderr_console()
+    with connect(ctx) as corral:
+        try:
+            if isinstance(src, WorkspacePath):
+                assert isinstance(dst, str)
+                files = corral.workspaces.get(src.workspace_id).files
+                download(files, src.path, Path(dst), lambda text: err.print(f"warning: {text}", markup=False))
+            else:
+                assert isinstance(dst, WorkspacePath)
+                upload(corral.workspaces.get(dst.workspace_id).files, Path(src), dst.path)
+        except OSError as exc:
+            if isinstance(exc, CorralError):
+                raise
+            fail("local_file_error", str(exc))

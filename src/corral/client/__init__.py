@@ -41,6 +41,7 @@ from corral.client._models import (
     AgentType,
     AuditEntry,
     BashResult,
+    ExecChunk,
     ExecResult,
     FileInfo,
     GitResult,
@@ -68,6 +69,7 @@ from corral.client._sync import (
     Workspaces,
 )
 from corral.errors import (
+    AgentTypeInUseError,
     AgentTypeNotFoundError,
     AllProvidersFailedError,
     CheckoutError,
@@ -101,6 +103,7 @@ __all__ = [
     "DEFAULT_URL",
     "ERROR_CODES",
     "AgentType",
+    "AgentTypeInUseError",
     "AgentTypeNotFoundError",
     "AgentTypes",
     "AllProvidersFailedError",
@@ -122,6 +125,7 @@ __all__ = [
     "CorralError",
     "CorralTimeoutError",
     "CredentialUnavailableError",
+    "ExecChunk",
     "ExecResult",
     "ExecTimeoutError",
     "FileInfo",

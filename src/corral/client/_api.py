@@ -7,20 +7,21 @@ send, only in how they wait.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import httpx
 
-from corral.client._errors import error_from_response
+from corral.client._errors import CorralConnectionError, error_from_json, error_from_response
 from corral.client._models import (
     AgentType,
     AuditEntry,
     BashResult,
+    ExecChunk,
     ExecResult,
     FileInfo,
     GitResult,
@@ -33,6 +34,7 @@ from corral.client._models import (
     Snapshot,
     WorkspaceInfo,
 )
+from corral.client._token import token_from_environment
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DEFAULT_URL", "Op", "check", "resolve_base_url", "resolve_token"]
 
@@ -60,17 +62,11 @@ def resolve_token(token: str | None) -> str | None:
     """The argument, else ``CORRAL_API_TOKEN``, else the token a local ``corral serve`` wrote.
 
     ``corral serve`` without ``CORRAL_API_TOKEN`` generates one into ``$CORRAL_DATA_DIR/api-token`` (``./data`` by
-    default); reading it makes the client work out of the box next to ``make run``.
+    default); reading it makes the client work out of the box next to ``make run``, and anywhere once
+    ``CORRAL_DATA_DIR`` names that directory. With none, requests go out without a token and the server's 401 is
+    raised as an :class:`~corral.errors.AuthenticationError` saying what is missing (see ``_token``).
     """
-    if token:
-        return token
-    if os.environ.get("CORRAL_API_TOKEN"):
-        return os.environ["CORRAL_API_TOKEN"]
-    path = Path(os.environ.get("CORRAL_DATA_DIR") or "data") / "api-token"
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
+    return token or token_from_environment()
 
 
 def check(response: httpx.Response) -> httpx.Response:
@@ -89,7 +85,8 @@ class Op(Generic[T]):
     parse: Callable[[httpx.Response], T]
     params: Mapping[str, str] | None = None
     json: object = None
-    content: bytes | None = None
+    content: bytes | Iterable[bytes] | AsyncIterable[bytes] | None = None
+    """A body: bytes, or chunks streamed as they come (an archive upload)."""
     timeout_s: float | None = None
 
     def request_kwargs(self) -> dict[str, Any]:
@@ -167,9 +164,10 @@ def create_workspace(
     return Op("POST", WORKSPACES, _workspace, json=body)
 
 
-def list_workspaces() -> Op[list[WorkspaceInfo]]:
-    """``GET /api/v1/agent/workspaces``."""
-    return Op("GET", WORKSPACES, lambda r: [WorkspaceInfo.from_json(w) for w in r.json()["workspaces"]])
+def list_workspaces(*, include_warm: bool = False) -> Op[list[WorkspaceInfo]]:
+    """``GET /api/v1/agent/workspaces``; ``include_warm`` adds ``?include_warm=true`` (warm-pool workspaces too)."""
+    return Op("GET", WORKSPACES, lambda r: [WorkspaceInfo.from_json(w) for w in r.json()["workspaces"]],
+              params={"include_warm": "true"} if include_warm else None)  # fmt: skip
 
 
 def get_workspace(workspace_id: str) -> Op[WorkspaceInfo]:
@@ -226,8 +224,12 @@ def exec_command(
     cwd: str | None,
     env: Mapping[str, str] | None,
     timeout_s: float | None,
+    stdin: str | None = None,
+    stream: bool = False,
 ) -> Op[ExecResult]:
-    """``POST /api/v1/agent/workspaces/{id}/exec``; a sequence ``command`` runs as argv, without a shell."""
+    """``POST /api/v1/agent/workspaces/{id}/exec``; a sequence ``command`` runs as argv, without a shell.
+
+    With ``stream`` the answer is NDJSON, read line by line with :func:`exec_line` (``parse`` does not apply)."""
     if isinstance(command, str):
         program, rest = command, list(args)
     else:
@@ -238,9 +240,29 @@ def exec_command(
     body = _given(command=program, args=rest or None, mode=mode, cwd=cwd, env=dict(env) if env else None)
     if timeout_s is not None:
         body["timeout_s"] = timeout_s
+    if stdin is not None:
+        body["stdin"] = stdin
+    if stream:
+        body["stream"] = True
     wait = (timeout_s if timeout_s is not None else _EXEC_DEFAULT_S) + _GRACE_S
     return Op("POST", f"{WORKSPACES}/{_id(workspace_id)}/exec", lambda r: ExecResult.from_json(r.json()), json=body,
               timeout_s=max(wait, DEFAULT_TIMEOUT_S))  # fmt: skip
+
+
+def exec_line(line: str) -> ExecChunk | ExecResult:
+    """One line of a streamed exec: an output chunk, or the exit as an :class:`ExecResult` (its ``stdout`` and
+    ``stderr`` empty: the output came as chunks). An error line raises its typed error."""
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise CorralConnectionError(f"the server sent a streamed exec line that is not an object: {line[:200]!r}")
+    if "stream" in data:
+        return ExecChunk(stream=str(data["stream"]), data=str(data.get("data", "")))
+    if "exit_code" in data:
+        return ExecResult.from_json(data)
+    error = data.get("error")
+    if isinstance(error, dict) and isinstance(error.get("code"), str):
+        raise error_from_json(error)
+    raise CorralConnectionError(f"the server sent an unknown streamed exec line: {line[:200]!r}")
 
 
 def read_file(workspace_id: str, path: str) -> Op[bytes]:
@@ -256,6 +278,21 @@ def write_file(workspace_id: str, path: str, data: bytes | str, *, mode: int | N
     content = data.encode() if isinstance(data, str) else bytes(data)
     return Op("PUT", f"{WORKSPACES}/{_id(workspace_id)}/files", lambda r: int(r.json()["bytes_written"]),
               params=params, content=content)  # fmt: skip
+
+
+ARCHIVE_TIMEOUT_S = 3600.0
+"""Seconds an archive transfer may wait for the next bytes (extracting a large upload takes a while)."""
+
+
+def archive_path(workspace_id: str) -> str:
+    """``/api/v1/agent/workspaces/{id}/files/archive``: a tar of a path (GET), or one extracted into it (PUT)."""
+    return f"{WORKSPACES}/{_id(workspace_id)}/files/archive"
+
+
+def put_archive(workspace_id: str, path: str, archive: Iterable[bytes] | AsyncIterable[bytes]) -> Op[int]:
+    """``PUT .../files/archive?path=``, the body streamed from ``archive``: returns the archive's size."""
+    return Op("PUT", archive_path(workspace_id), lambda r: int(r.json()["bytes_written"]), params={"path": path},
+              content=archive, timeout_s=ARCHIVE_TIMEOUT_S)  # fmt: skip
 
 
 def delete_file(workspace_id: str, path: str, *, recursive: bool) -> Op[None]:
@@ -335,6 +372,11 @@ def get_agent_type(agent_type_id: str) -> Op[AgentType]:
     return Op("GET", f"{AGENT_TYPES}/{_id(agent_type_id)}", lambda r: AgentType.from_json(r.json()))
 
 
+def delete_agent_type(agent_type_id: str) -> Op[None]:
+    """``DELETE /api/v1/agent-types/{id}``: 409 ``agent_type_in_use`` while sessions of the type are live."""
+    return Op("DELETE", f"{AGENT_TYPES}/{_id(agent_type_id)}", _none)
+
+
 def get_config(agent_type_id: str) -> Op[dict[str, Any]]:
     """``GET /api/v1/agent-types/{id}/workspace-config``."""
     return Op("GET", f"{AGENT_TYPES}/{_id(agent_type_id)}/workspace-config", _json_object)
@@ -358,6 +400,12 @@ def start_session(agent_type_id: str, task_context: Mapping[str, Any] | None) ->
     if task_context is not None:
         body["task"] = {"context": dict(task_context)}
     return Op("POST", SESSIONS, _session, json=body)
+
+
+def list_sessions(status: str | None) -> Op[list[SessionInfo]]:
+    """``GET /api/v1/agent/sessions?status=``, newest first."""
+    return Op("GET", SESSIONS, lambda r: [SessionInfo.from_json(s) for s in r.json()["sessions"]],
+              params=_given(status=status))  # fmt: skip
 
 
 def get_session(session_id: str) -> Op[SessionInfo]:

@@ -5,18 +5,19 @@ from __future__ import annotations
 import asyncio
 import builtins
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
 from corral.client import _api
-from corral.client._errors import transport_error
+from corral.client._errors import CorralConnectionError, transport_error
 from corral.client._models import (
     AgentType,
     AuditEntry,
     BashResult,
+    ExecChunk,
     ExecResult,
     FileInfo,
     GitResult,
@@ -224,13 +225,17 @@ class AsyncWorkspaces:
         """
         return AsyncWorkspace(self._client, await self._client._call(_api.get_workspace(workspace_id)))
 
-    async def list(self) -> builtins.list[AsyncWorkspace]:
+    async def list(self, *, include_warm: bool = False) -> builtins.list[AsyncWorkspace]:
         """Every workspace that is not destroyed.
+
+        Args:
+            include_warm: Also the warm-pool workspaces waiting to be claimed (their ``warm`` is true).
 
         Returns:
             The workspaces, oldest first.
         """
-        return [AsyncWorkspace(self._client, info) for info in await self._client._call(_api.list_workspaces())]
+        op = _api.list_workspaces(include_warm=include_warm)
+        return [AsyncWorkspace(self._client, info) for info in await self._client._call(op)]
 
 
 class AsyncWorkspace:
@@ -275,6 +280,7 @@ class AsyncWorkspace:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        stdin: str | None = None,
     ) -> ExecResult:
         """Run a command and wait for it; a nonzero exit is a result, not an error.
 
@@ -286,6 +292,7 @@ class AsyncWorkspace:
             cwd: Working directory (default ``/workspace``).
             env: Extra environment variables.
             timeout_s: Kill the command's process group after this many seconds (server default: 600).
+            stdin: Text the command reads on its standard input, then end of file (default: none, ``/dev/null``).
 
         Returns:
             Exit code, stdout, stderr, duration; ``timed_out`` when the timeout killed it.
@@ -294,8 +301,77 @@ class AsyncWorkspace:
             WorkspaceStateError: The workspace is stopped.
             WorkspaceDestroyedError: The workspace was destroyed.
         """
-        op = _api.exec_command(self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s)
+        op = _api.exec_command(
+            self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin
+        )
         return await self._client._call(op)
+
+    async def exec_stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        args: Sequence[str] = (),
+        mode: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+    ) -> AsyncIterator[ExecChunk | ExecResult]:
+        """Start a command and return its output as it is produced::
+
+            async for item in await ws.exec_stream("make test"):
+                if isinstance(item, ExecChunk):
+                    print(item.data, end="")
+
+        Iterate to the end, or close the iterator (``aclose()``): closing it early ends the request, and the server
+        then kills the command.
+
+        Args:
+            command: As for :meth:`exec`.
+            args: As for :meth:`exec`.
+            mode: As for :meth:`exec`.
+            cwd: As for :meth:`exec`.
+            env: As for :meth:`exec`.
+            timeout_s: As for :meth:`exec`; the last item then has ``timed_out`` set.
+            stdin: As for :meth:`exec`.
+
+        Returns:
+            An iterator of :class:`ExecChunk` (``stdout`` or ``stderr`` text, as written), then one
+            :class:`ExecResult` with the exit code and duration (its ``stdout`` and ``stderr`` are empty).
+
+        Raises:
+            WorkspaceNotFoundError: No workspace has that id (raised here, before any output).
+            WorkspaceStateError: The workspace is stopped.
+        """
+        op = _api.exec_command(
+            self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin, stream=True
+        )
+        http = self._client._http
+        try:
+            response = await http.send(http.build_request(op.method, op.path, **op.request_kwargs()), stream=True)
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        if not response.is_success:
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            _api.check(response)
+        return self._exec_lines(response)
+
+    async def _exec_lines(self, response: httpx.Response) -> AsyncIterator[ExecChunk | ExecResult]:
+        try:
+            async for line in response.aiter_lines():
+                if line:
+                    item = _api.exec_line(line)
+                    yield item
+                    if isinstance(item, ExecResult):
+                        return
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        finally:
+            await response.aclose()
+        raise CorralConnectionError("the streamed exec ended before the command's exit status")
 
     async def refresh(self) -> WorkspaceInfo:
         """Fetch the workspace's current description (also kept in :attr:`info`).
@@ -526,6 +602,57 @@ class AsyncFiles:
         """
         await self._client._call(_api.chmod_file(self._workspace_id, path, mode))
 
+    async def upload_archive(self, path: str, archive: AsyncIterable[bytes]) -> int:
+        """Extract a tar archive into a directory of the workspace, the archive streamed as it comes.
+
+        Args:
+            path: The directory; it is created, with its parents, when missing.
+            archive: The archive's bytes in chunks (never held whole, on either side).
+
+        Returns:
+            The archive's size in bytes.
+
+        Raises:
+            InvalidRequestError: ``path`` is a file, or outside /workspace.
+            FileOperationError: The workspace's tar refused the archive.
+        """
+        return await self._client._call(_api.put_archive(self._workspace_id, path, archive))
+
+    async def download_archive(self, path: str, into: BinaryIO) -> int:
+        """Write a tar archive of a file or directory of the workspace into ``into``, chunk by chunk as it comes.
+
+        The archive is made inside the workspace: unpack it as untrusted (``tarfile`` with ``filter="data"``).
+
+        Args:
+            path: The file or directory; the archive's one top-level entry is its last component.
+            into: A binary file object (a file, a pipe) written as the chunks arrive.
+
+        Returns:
+            The archive's size in bytes.
+
+        Raises:
+            WorkspaceFileNotFoundError: Nothing is at ``path``.
+            CorralConnectionError: The stream broke off (the archive is then incomplete).
+        """
+        written = 0
+        request = self._client._http.build_request(
+            "GET", _api.archive_path(self._workspace_id), params={"path": path}, timeout=_api.ARCHIVE_TIMEOUT_S
+        )
+        try:
+            response = await self._client._http.send(request, stream=True)
+            try:
+                if not response.is_success:
+                    await response.aread()
+                    _api.check(response)
+                async for chunk in response.aiter_bytes():
+                    into.write(chunk)
+                    written += len(chunk)
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        return written
+
 
 class AsyncSnapshots:
     """``client.snapshots``: list, get and delete snapshots (take them with :meth:`AsyncWorkspace.snapshot`)."""
@@ -614,6 +741,18 @@ class AsyncAgentTypes:
         """
         return await self._client._call(_api.list_agent_types())
 
+    async def delete(self, agent_type_id: str) -> None:
+        """Delete an agent type; its ended sessions keep their records (and its name).
+
+        Args:
+            agent_type_id: Its id.
+
+        Raises:
+            AgentTypeInUseError: Sessions of the type are still provisioning or active (they are named).
+            AgentTypeNotFoundError: No agent type has that id.
+        """
+        await self._client._call(_api.delete_agent_type(agent_type_id))
+
     async def config(self, agent_type_id: str) -> dict[str, Any]:
         """An agent type's workspace configuration, every field included.
 
@@ -686,6 +825,17 @@ class AsyncSessions:
             The session as the server sees it now.
         """
         return AsyncSession(self._client, await self._client._call(_api.get_session(session_id)))
+
+    async def list(self, *, status: str | None = None) -> builtins.list[AsyncSession]:
+        """Sessions, newest first.
+
+        Args:
+            status: Only sessions in this status (``provisioning``, ``active``, ``ended``...).
+
+        Returns:
+            The sessions as the server sees them now.
+        """
+        return [AsyncSession(self._client, info) for info in await self._client._call(_api.list_sessions(status))]
 
 
 class AsyncSession:

@@ -21,7 +21,9 @@ from typing import Any
 
 import httpx
 
+from corral.client._token import missing_token_message
 from corral.errors import (
+    AgentTypeInUseError,
     AgentTypeNotFoundError,
     AllProvidersFailedError,
     CheckoutError,
@@ -56,6 +58,7 @@ __all__ = [
     "CorralConnectionError",
     "CorralTimeoutError",
     "error_class",
+    "error_from_json",
     "error_from_response",
     "transport_error",
 ]
@@ -108,6 +111,7 @@ ERROR_CODES: Mapping[str, type[CorralError]] = {
     "unknown_tool": UnknownToolError,
     # agent types and sessions
     "agent_type_not_found": AgentTypeNotFoundError,
+    "agent_type_in_use": AgentTypeInUseError,
     "session_not_found": SessionNotFoundError,
     "no_workspace": NoWorkspaceError,
     "session_state_conflict": SessionStateError,
@@ -147,6 +151,19 @@ def _rebuild(cls: type[CorralError], message: str, details: dict[str, Any]) -> C
     return exc
 
 
+def error_from_json(error: Mapping[str, Any]) -> CorralError:
+    """The typed error for an ``{"code", "message", "details"}`` object (a streamed answer's last line)."""
+    code = str(error.get("code"))
+    message = str(error.get("message") or code)
+    details = error.get("details")
+    cls = error_class(code)
+    if cls is None:
+        exc = CorralError(message, details=details if isinstance(details, dict) else {})
+        vars(exc).update(code=code)  # an unknown code is kept as the server said
+        return exc
+    return _rebuild(cls, message, details if isinstance(details, dict) else {})
+
+
 def error_from_response(response: httpx.Response) -> CorralError:
     """The typed error for a non-2xx answer (its JSON error body, or the status and text when there is none)."""
     code, message = "http_error", ""
@@ -164,6 +181,9 @@ def error_from_response(response: httpx.Response) -> CorralError:
     else:
         text = response.text.strip().replace("\n", " ")[:300]
         message = f"HTTP {response.status_code} from {response.request.url}" + (f": {text}" if text else "")
+    if response.status_code == 401 and "authorization" not in response.request.headers:
+        # The client found no token at all: say what is missing rather than "wrong token".
+        return AuthenticationError(missing_token_message(), details=details)
     cls = error_class(code)
     if cls is None:
         exc = CorralError(message, details=details)

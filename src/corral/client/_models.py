@@ -15,6 +15,7 @@ __all__ = [
     "AgentType",
     "AuditEntry",
     "BashResult",
+    "ExecChunk",
     "ExecResult",
     "FileInfo",
     "GitResult",
@@ -67,6 +68,12 @@ class WorkspaceInfo:
     error: str | None
     created_at: datetime | None
     raw: Json = field(default_factory=dict, repr=False, compare=False)
+    warm: bool = False
+    """Waiting unclaimed in a warm pool (listed only with ``include_warm``)."""
+    idle_timeout_s: float | None = None
+    """Seconds without an exec or file call after which the server stops it (None: no idle timeout)."""
+    expires_at: datetime | None = None
+    """When that idle timeout strikes unless the workspace is used (None unless it is ready)."""
 
     @classmethod
     def from_json(cls, data: Json) -> WorkspaceInfo:
@@ -90,6 +97,9 @@ class WorkspaceInfo:
             error=data.get("error"),
             created_at=_time(data.get("created_at")),
             raw=dict(data),
+            warm=bool(data.get("warm", False)),
+            idle_timeout_s=data.get("idle_timeout_s"),
+            expires_at=_time(data.get("expires_at")),
         )
 
 
@@ -168,6 +178,16 @@ class ExecResult:
             timed_out=bool(data.get("timed_out", False)),
             truncated=bool(data.get("truncated", False)),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ExecChunk:
+    """A piece of a streamed command's output, as the command wrote it (see ``Workspace.exec_stream``)."""
+
+    stream: str
+    """``stdout`` or ``stderr``."""
+    data: str
+    """The text (UTF-8; bytes that are not become U+FFFD)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,6 +341,10 @@ class SessionInfo:
     created_at: datetime | None
     ended_at: datetime | None
     raw: Json = field(default_factory=dict, repr=False, compare=False)
+    idle_timeout_s: float | None = None
+    """Seconds without a tool call after which the server ends the session (None: no idle timeout)."""
+    expires_at: datetime | None = None
+    """When that idle timeout strikes unless the session is used (None unless it is active)."""
 
     @classmethod
     def from_json(cls, data: Json) -> SessionInfo:
@@ -338,6 +362,8 @@ class SessionInfo:
             created_at=_time(data.get("created_at")),
             ended_at=_time(data.get("ended_at")),
             raw=dict(data),
+            idle_timeout_s=data.get("idle_timeout_s"),
+            expires_at=_time(data.get("expires_at")),
         )
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import httpx
 
@@ -28,11 +28,12 @@ from corral.client._async import (
     AsyncWorkspace,
     AsyncWorkspaces,
 )
-from corral.client._errors import transport_error
+from corral.client._errors import CorralConnectionError, transport_error
 from corral.client._models import (
     AgentType,
     AuditEntry,
     BashResult,
+    ExecChunk,
     ExecResult,
     FileInfo,
     GitResult,
@@ -178,8 +179,9 @@ class Workspaces:
     def get(self, workspace_id: str) -> Workspace:
         return Workspace(self._client, self._client._call(_api.get_workspace(workspace_id)))
 
-    def list(self) -> builtins.list[Workspace]:
-        return [Workspace(self._client, info) for info in self._client._call(_api.list_workspaces())]
+    def list(self, *, include_warm: bool = False) -> builtins.list[Workspace]:
+        op = _api.list_workspaces(include_warm=include_warm)
+        return [Workspace(self._client, info) for info in self._client._call(op)]
 
 
 @twin_of(AsyncWorkspace)
@@ -219,9 +221,53 @@ class Workspace:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
+        stdin: str | None = None,
     ) -> ExecResult:
-        op = _api.exec_command(self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s)
+        op = _api.exec_command(
+            self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin
+        )
         return self._client._call(op)
+
+    def exec_stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        args: Sequence[str] = (),
+        mode: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: str | None = None,
+    ) -> Iterator[ExecChunk | ExecResult]:
+        op = _api.exec_command(
+            self.id, command, args=args, mode=mode, cwd=cwd, env=env, timeout_s=timeout_s, stdin=stdin, stream=True
+        )
+        http = self._client._http
+        try:
+            response = http.send(http.build_request(op.method, op.path, **op.request_kwargs()), stream=True)
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        if not response.is_success:
+            try:
+                response.read()
+            finally:
+                response.close()
+            _api.check(response)
+        return self._exec_lines(response)
+
+    def _exec_lines(self, response: httpx.Response) -> Iterator[ExecChunk | ExecResult]:
+        try:
+            for line in response.iter_lines():
+                if line:
+                    item = _api.exec_line(line)
+                    yield item
+                    if isinstance(item, ExecResult):
+                        return
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        finally:
+            response.close()
+        raise CorralConnectionError("the streamed exec ended before the command's exit status")
 
     def refresh(self) -> WorkspaceInfo:
         self._info = self._client._call(_api.get_workspace(self.id))
@@ -300,6 +346,29 @@ class Files:
     def chmod(self, path: str, mode: int | str) -> None:
         self._client._call(_api.chmod_file(self._workspace_id, path, mode))
 
+    def upload_archive(self, path: str, archive: Iterable[bytes]) -> int:
+        return self._client._call(_api.put_archive(self._workspace_id, path, archive))
+
+    def download_archive(self, path: str, into: BinaryIO) -> int:
+        written = 0
+        request = self._client._http.build_request(
+            "GET", _api.archive_path(self._workspace_id), params={"path": path}, timeout=_api.ARCHIVE_TIMEOUT_S
+        )
+        try:
+            response = self._client._http.send(request, stream=True)
+            try:
+                if not response.is_success:
+                    response.read()
+                    _api.check(response)
+                for chunk in response.iter_bytes():
+                    into.write(chunk)
+                    written += len(chunk)
+            finally:
+                response.close()
+        except httpx.TransportError as exc:
+            raise transport_error(exc, self._client._base_url) from exc
+        return written
+
 
 @twin_of(AsyncSnapshots)
 class Snapshots:
@@ -334,6 +403,9 @@ class AgentTypes:
     def list(self) -> builtins.list[AgentType]:
         return self._client._call(_api.list_agent_types())
 
+    def delete(self, agent_type_id: str) -> None:
+        self._client._call(_api.delete_agent_type(agent_type_id))
+
     def config(self, agent_type_id: str) -> dict[str, Any]:
         return self._client._call(_api.get_config(agent_type_id))
 
@@ -363,6 +435,9 @@ class Sessions:
 
     def get(self, session_id: str) -> Session:
         return Session(self._client, self._client._call(_api.get_session(session_id)))
+
+    def list(self, *, status: str | None = None) -> builtins.list[Session]:
+        return [Session(self._client, info) for info in self._client._call(_api.list_sessions(status))]
 
 
 @twin_of(AsyncSession)

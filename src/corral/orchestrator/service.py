@@ -1,8 +1,9 @@
 """The workspace service: records in the store, runtime objects in the providers, and the rules between them.
 
 Create writes a ``creating`` record before touching any runtime, so a server killed mid-create leaves a record
-that reconciliation can match with whatever the runtime holds. Auto selection walks the fallback chain and
-records every attempt; an explicit provider is tried alone. Falling back is for provider failures only: bad input
+that reconciliation can match with whatever the runtime holds; a create that fails deletes it again unless asked to
+keep it. Auto selection walks the fallback chain and records every provider it tried (those it skipped as unhealthy
+get one warning line); an explicit provider is tried alone. Falling back is for provider failures only: bad input
 (a malformed image reference, limits no host here could ever give, a provider the operator has not allowed) is
 refused before any provider is tried.
 
@@ -20,8 +21,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -71,9 +73,17 @@ from corral.providers.base import (
 )
 from corral.providers.registry import KNOWN_PROVIDERS, PROVIDER_NAMES
 from corral.settings import Settings
-from corral.store import UNSET, ProviderAttempt, Store, WorkspaceRecord, WorkspaceStatus
+from corral.store import UNSET, ProviderAttempt, SessionRecord, Store, WorkspaceRecord, WorkspaceStatus
 
-__all__ = ["CreateWorkspace", "ProviderProfile", "WorkspaceRuntime", "WorkspaceService", "host_resources"]
+__all__ = [
+    "CreateWorkspace",
+    "Lifetime",
+    "ProviderProfile",
+    "WorkspaceRuntime",
+    "WorkspaceService",
+    "host_resources",
+    "skipped_summary",
+]
 
 NO_AUTO_PROVIDER = "no provider that auto selection may use is configured (fake is never auto-selected)"
 
@@ -89,6 +99,9 @@ def new_workspace_id() -> str:
     """A workspace id: 16 hex digits, whether it is made cold, warm or from a snapshot (one format everywhere)."""
     return uuid.uuid4().hex[:16]
 
+
+E2B_METADATA_KEY = "e2b"
+"""The metadata key of an E2B sandbox's state (``corral.api.e2b``): it has E2B's timeout, not the idle one."""
 
 EGRESS_KEY = "egress"
 """The metadata key under which a workspace's egress rules are kept (``EgressPolicy.to_json``)."""
@@ -106,6 +119,46 @@ class CreateWorkspace:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     exclude: frozenset[str] = frozenset()
     """Providers auto selection must not use (a session's retry excludes the provider that just failed)."""
+    keep_failed: bool = False
+    """Keep the ``error`` record of a create that fails (``?keep_failed=true``); by default it is deleted, and the
+    error raised says what failed. The reaper deletes kept ones after CORRAL_FAILED_RECORD_TTL_S."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """When a workspace or session ends unless used: its idle timeout and the time it strikes (None: never)."""
+
+    idle_timeout_s: float | None
+    expires_at: datetime | None
+
+    @classmethod
+    def never(cls) -> Lifetime:
+        """No idle timeout applies."""
+        return cls(None, None)
+
+    def to_json(self) -> dict[str, Any]:
+        """``idle_timeout_s`` and ``expires_at`` (ISO 8601, UTC) as the API answers them."""
+        expires = None if self.expires_at is None else self.expires_at.isoformat().replace("+00:00", "Z")
+        return {"idle_timeout_s": self.idle_timeout_s, "expires_at": expires}
+
+
+def skipped_summary(skipped: Sequence[tuple[str, str]]) -> list[str]:
+    """One short warning naming the providers auto selection skipped without trying (empty when none was).
+
+    Their full reasons (an unhealthy provider's can run to several hundred characters) stay at
+    ``GET /api/v1/agent/workspaces/providers``; a create that fails everywhere still lists them in its error.
+    """
+    if not skipped:
+        return []
+    kinds = []
+    for name, reason in skipped:
+        if reason.startswith("unhealthy"):
+            kinds.append(f"{name} (unhealthy)")
+        elif reason.startswith("excluded"):
+            kinds.append(f"{name} (failed this request before)")
+        else:
+            kinds.append(f"{name} (its host is too small for these limits)")
+    return [f"skipped {', '.join(kinds)}; reasons at GET /api/v1/agent/workspaces/providers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +238,8 @@ class WorkspaceService:
         self._live: dict[str, tuple[str, str]] = {}  # id -> (provider, status), for the hot paths
         self._lifecycle: dict[str, asyncio.Lock] = {}  # id -> held by pause, snapshot, stop, resume, destroy
         self._last_used: dict[str, float] = {}  # id -> time.time() of the last exec or file call
+        # Idle time counts at most from this server's start: last uses before a restart are not stored.
+        self._started = time.time()
         self._profiles: dict[str, ProviderProfile] = {}  # provider -> its capabilities, fetched once
         self.pools: WarmPools | None = None
         if pools is not None:
@@ -421,12 +476,12 @@ class WorkspaceService:
             network=request.network,  # type: ignore[arg-type]  # checked above
             container_type=request.container_type,  # type: ignore[arg-type]  # checked above
         )
-        attempts: list[tuple[str, str]] = list(skipped)
+        attempts: list[tuple[str, str]] = []  # providers tried; skipped ones are summarised in one warning
         for index, name in enumerate(try_order):
             try:
                 await self.providers[name].create(spec)
             except InvalidRequestError:
-                await self.store.workspaces.update(workspace_id, status="error", error="invalid request")
+                await self._failed(request, workspace_id, error="invalid request")
                 raise
             except CorralError as exc:
                 attempts.append((name, exc.reason if isinstance(exc, ProviderUnavailableError) else exc.message))
@@ -435,9 +490,7 @@ class WorkspaceService:
                 attempts.append((name, f"unexpected {type(exc).__name__}: {exc}"))
             except BaseException:  # cancelled (client gone, shutdown): the record must not stay "creating"
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(
-                        self.store.workspaces.update(workspace_id, status="error", error="creation was cancelled")
-                    )
+                    await asyncio.shield(self._failed(request, workspace_id, error="creation was cancelled"))
                 raise
             else:
                 record = await self.store.workspaces.update(
@@ -445,7 +498,7 @@ class WorkspaceService:
                     status="ready",
                     provider=name,
                     provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
-                    warnings=self._provider_warnings(name),
+                    warnings=[*self._provider_warnings(name), *skipped_summary(skipped)],
                 )
                 self._live[workspace_id] = (name, "ready")
                 return record
@@ -457,16 +510,45 @@ class WorkspaceService:
                     attempts[-1][1],
                     try_order[index + 1],
                 )
+        every = [*skipped, *attempts]  # the error names every provider, skipped ones with their full reason
+        await self._failed(
+            request,
+            workspace_id,
+            error="; ".join(f"{p}: {e}" for p, e in every) or NO_AUTO_PROVIDER,
+            attempts=attempts,
+            warnings=skipped_summary(skipped),
+        )
+        kept = {"workspace_id": workspace_id} if request.keep_failed else {}
+        if request.provider != "auto":
+            name, reason = every[0]
+            raise ProviderUnavailableError(name, reason, details=kept)
+        error = AllProvidersFailedError(every)
+        error.details.update(kept)
+        raise error
+
+    async def _failed(
+        self,
+        request: CreateWorkspace,
+        workspace_id: str,
+        *,
+        error: str,
+        attempts: Sequence[tuple[str, str]] = (),
+        warnings: Sequence[str] = (),
+    ) -> None:
+        """End a failed create: the record is deleted, or kept in ``error`` when the request asked for it.
+
+        The providers already removed whatever they had made (a failed or cancelled create cleans up after itself).
+        """
+        if not request.keep_failed:
+            await self.store.workspaces.delete(workspace_id)
+            return
         await self.store.workspaces.update(
             workspace_id,
             status="error",
             provider_attempts=[ProviderAttempt(p, e) for p, e in attempts],
-            error="; ".join(f"{p}: {e}" for p, e in attempts) or NO_AUTO_PROVIDER,
+            warnings=list(warnings),
+            error=error,
         )
-        if request.provider != "auto":
-            name, reason = attempts[0]
-            raise ProviderUnavailableError(name, reason, details={"workspace_id": workspace_id})
-        raise AllProvidersFailedError(attempts)
 
     @staticmethod
     def _validate(request: CreateWorkspace) -> None:
@@ -508,8 +590,8 @@ class WorkspaceService:
         claim = Claim(
             requested_provider=request.provider,
             metadata=request.metadata,
-            warnings=self._provider_warnings(try_order[0]),
-            provider_attempts=[ProviderAttempt(p, e) for p, e in skipped],
+            warnings=[*self._provider_warnings(try_order[0]), *skipped_summary(skipped)],
+            provider_attempts=[],  # nothing was tried: the pool's workspace was made before this request
         )
         record = await self.pools.acquire(
             try_order[0], image, request.limits, request.network, request.container_type, claim=claim
@@ -535,9 +617,10 @@ class WorkspaceService:
             raise WorkspaceNotFoundError(f"workspace {workspace_id!r} does not exist", details={"id": workspace_id})
         return record
 
-    async def list_workspaces(self) -> list[WorkspaceRecord]:
-        """Every workspace that is not destroyed and not waiting in a warm pool, oldest first."""
-        return [r for r in await self.store.workspaces.list() if r.pool_key is None]
+    async def list_workspaces(self, *, include_warm: bool = False) -> list[WorkspaceRecord]:
+        """Every workspace that is not destroyed and (unless ``include_warm``) not waiting in a warm pool, oldest
+        first."""
+        return [r for r in await self.store.workspaces.list() if include_warm or r.pool_key is None]
 
     async def discard(self, workspace_id: str) -> None:
         """Destroy runtime objects and mark the record destroyed, whatever its state (pool, error, creating)."""
@@ -553,9 +636,55 @@ class WorkspaceService:
         if record.status != "destroyed":
             await self.store.workspaces.update(workspace_id, status="destroyed")
 
+    def note_use(self, workspace_id: str) -> None:
+        """Count use that goes around the runtime calls (typing into an open terminal) for the idle timeout."""
+        self._last_used[workspace_id] = time.time()
+
     def last_used(self, workspace_id: str) -> float | None:
         """``time.time()`` of the workspace's last exec or file call in this process, if any."""
         return self._last_used.get(workspace_id)
+
+    # --- lifetimes (the reaper acts on them; answers show them) ----------------------------------------------------
+
+    def idle_timeout_of(self, record: WorkspaceRecord) -> float | None:
+        """The idle timeout that applies to the workspace, or None: CORRAL_IDLE_TIMEOUT_S is 0, it waits in a warm
+        pool, or it is an E2B sandbox (those keep E2B's own timeout)."""
+        timeout = self.settings.idle_timeout_s
+        if timeout <= 0 or record.pool_key is not None or E2B_METADATA_KEY in record.metadata:
+            return None
+        return timeout
+
+    def last_activity(self, workspace_id: str | None, *since: datetime | None) -> float:
+        """``time.time()`` the idle clock counts from: the workspace's last exec or file call, the latest of
+        ``since``, or this server's start, whichever came last."""
+        times = [self._started, *(t.timestamp() for t in since if t is not None)]
+        if workspace_id is not None:
+            times.append(self._last_used.get(workspace_id, 0.0))
+        return max(times)
+
+    def workspace_lifetime(self, record: WorkspaceRecord) -> Lifetime:
+        """When the idle timeout stops this workspace (only a ready one has an ``expires_at``).
+
+        A session's workspace ends with its session, which counts the same calls (see :meth:`session_lifetime`).
+        """
+        timeout = self.idle_timeout_of(record)
+        if timeout is None:
+            return Lifetime.never()
+        if record.status != "ready":
+            return Lifetime(timeout, None)
+        used = self.last_activity(record.id, record.created_at, record.last_used_at)
+        return Lifetime(timeout, datetime.fromtimestamp(used + timeout, UTC))
+
+    def session_lifetime(self, session: SessionRecord) -> Lifetime:
+        """When the idle timeout ends this session: only an active one has an ``expires_at``; its tool calls run in
+        its workspace, so the workspace's last use counts."""
+        timeout = self.settings.idle_timeout_s
+        if timeout <= 0:
+            return Lifetime.never()
+        if session.status != "active":
+            return Lifetime(timeout, None)
+        used = self.last_activity(session.workspace_id, session.created_at, session.updated_at)
+        return Lifetime(timeout, datetime.fromtimestamp(used + timeout, UTC))
 
     async def destroy(self, workspace_id: str) -> WorkspaceRecord:
         """See :meth:`_destroy`; one lifecycle change at a time."""
@@ -635,6 +764,7 @@ class WorkspaceService:
             return record
         await provider.resume(workspace_id)
         self._live[workspace_id] = (record.provider or "", "ready")
+        self._last_used[workspace_id] = time.time()  # a resume is use: the idle clock starts again
         return await self.store.workspaces.update(workspace_id, status="ready")
 
     async def _restart_broken(self, record: WorkspaceRecord) -> WorkspaceRecord:
