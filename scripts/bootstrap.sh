@@ -23,6 +23,8 @@ done
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then missing+=(python3-venv); fi
 # node and npm run the E2B JavaScript SDK's e2e test; a node already installed (e.g. NodeSource's) is kept.
 if ! command -v npm >/dev/null; then missing+=(nodejs npm); fi
+# Headless Chromium drives the web console's and /docs' e2e tests (through Playwright, which downloads no browser).
+if ! command -v chromium >/dev/null; then missing+=(chromium); fi
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     apt-get update -qq

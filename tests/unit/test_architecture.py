@@ -22,6 +22,7 @@ LAYERS = {
     "corral.mcp_server": 8,
     "corral.client": 7,  # the SDK speaks HTTP; it shares only errors and values with the server
     "corral.api": 6,
+    "corral.console": 6,  # the web console's static pages and the routes serving them; mounted by the API
     "corral.agents": 5,
     "corral.tools": 4,
     "corral.orchestrator": 3,
