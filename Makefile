@@ -1,5 +1,5 @@
 # Corral: `make run` serves the API, `make test` runs every test. Both set the machine up first (idempotent).
-.PHONY: bootstrap run test test-unit check bench bench-quick clean-runtime
+.PHONY: bootstrap run start stop test test-unit check bench bench-quick clean-runtime
 
 PY := .venv/bin/python
 PYTEST_ARGS ?=
@@ -9,6 +9,13 @@ bootstrap:
 
 run: bootstrap
 	.venv/bin/corral serve --host 127.0.0.1 --port 8000
+
+# The same server in the background (address from CORRAL_URL, pid file and log in the data directory); idempotent.
+start: bootstrap
+	@bash scripts/server.sh start
+
+stop:
+	@bash scripts/server.sh stop
 
 # The whole suite: unit, integration (real Docker, gVisor, PostgreSQL) and e2e (HTTP API against gVisor).
 test: bootstrap

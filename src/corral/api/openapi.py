@@ -10,37 +10,62 @@ app-wide machinery sends are added here, from what each operation takes:
 * 413 where it takes a JSON body, which :class:`~corral.api.guard.RequestGuard` caps (raw-byte uploads stream and
   are not capped).
 
-The E2B routes are left as they are: they follow E2B's own contract.
+The E2B routes follow E2B's own contract: their statuses are left as they are, but their validation errors are
+answered 400 in E2B's shape (``{"code", "message"}``, see :mod:`corral.api.e2b._errors`), so FastAPI's 422 is
+documented as that 400 there too. Nothing in the document names ``HTTPValidationError`` any more.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from corral.api.docs import mount_docs
 from corral.api.errors import ERROR_DESCRIPTIONS
 
 __all__ = ["install_openapi"]
 
 ERROR_REF = "#/components/schemas/ErrorResponse"
+E2B_ERROR_REF = "#/components/schemas/E2BError"
+E2B_ERROR_SCHEMA: dict[str, Any] = {
+    "title": "E2BError",
+    "description": "E2B's error body: an HTTP status on the control plane and envd's HTTP routes, a Connect code "
+    "(`invalid_argument`, `not_found`...) on envd's RPCs.",
+    "type": "object",
+    "required": ["code", "message"],
+    "properties": {
+        "code": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+        "message": {"type": "string"},
+    },
+}
 _VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 _METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
-def install_openapi(app: FastAPI, *, untouched_prefix: str = "/e2b") -> None:
-    """Make ``app.openapi()`` (and ``/openapi.json``, ``/docs``) serve the corrected document, built once."""
+def install_openapi(app: FastAPI, *, docs_assets_dir: Path | None = None, untouched_prefix: str = "/e2b") -> None:
+    """Make ``app.openapi()`` (and ``/openapi.json``) serve the corrected document, built once.
+
+    With ``docs_assets_dir`` (a ``node_modules`` holding ``swagger-ui-dist``), Swagger UI is served at ``/docs``
+    from there (:func:`corral.api.docs.mount_docs`); the app must be built with ``docs_url=None``.
+    """
+    if docs_assets_dir is not None:
+        mount_docs(app, assets_dir=docs_assets_dir, title=app.title)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             for path, item in schema.get("paths", {}).items():
-                if not path.startswith(untouched_prefix):
-                    for method, operation in item.items():
-                        if method in _METHODS:
-                            _fix_statuses(operation)
+                for method, operation in item.items():
+                    if method not in _METHODS:
+                        continue
+                    if path.startswith(untouched_prefix):
+                        _fix_e2b_validation(operation, schema)
+                    else:
+                        _fix_statuses(operation)
             _drop_unused_validation_schemas(schema)
             app.openapi_schema = schema
         return app.openapi_schema
@@ -73,6 +98,24 @@ def _fix_statuses(operation: dict[str, Any]) -> None:
         responses.setdefault("401", _error(401))
     if "application/json" in body:
         responses.setdefault("413", _error(413))
+    operation["responses"] = dict(sorted(responses.items()))
+
+
+def _fix_e2b_validation(operation: dict[str, Any], schema: dict[str, Any]) -> None:
+    """FastAPI's automatic 422 on an E2B route becomes the 400 that route really sends (E2B's error shape)."""
+    responses: dict[str, Any] = operation.get("responses", {})
+    automatic = responses.get("422")
+    if automatic is None or "HTTPValidationError" not in json.dumps(automatic):
+        return
+    del responses["422"]
+    responses.setdefault(
+        "400",
+        {
+            "description": "Invalid input (`validation error: ...`), in E2B's error shape.",
+            "content": {"application/json": {"schema": {"$ref": E2B_ERROR_REF}}},
+        },
+    )
+    schema.setdefault("components", {}).setdefault("schemas", {}).setdefault("E2BError", E2B_ERROR_SCHEMA)
     operation["responses"] = dict(sorted(responses.items()))
 
 

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from corral.cli import agent_types, images, mcp, providers, serve, sessions, snapshots, workspaces
+from corral.cli import agent_types, env, images, mcp, providers, serve, sessions, snapshots, workspaces
 from corral.cli._common import Remote
 
 __all__ = ["app", "main"]
@@ -43,6 +43,7 @@ app.command("firecracker-manager")(serve.firecracker_manager)
 app.command()(providers.providers)
 app.command()(providers.pool)
 app.command()(mcp.mcp)
+app.command()(env.env)
 app.add_typer(images.app, name="image")
 app.add_typer(workspaces.app, name="workspaces")
 app.add_typer(snapshots.app, name="snapshots")

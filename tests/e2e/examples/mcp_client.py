@@ -10,7 +10,7 @@ async def main(agent_type_id: str) -> None:
     server = StdioServerParameters(
         command="corral",
         args=["mcp", "--agent-type", agent_type_id],  # or ["mcp", "--session", SESSION_ID]
-        env={name: os.environ[name] for name in ("CORRAL_URL", "CORRAL_API_TOKEN")},
+        env={name: value for name, value in os.environ.items() if name.startswith("CORRAL_")},  # whichever are set
     )
     async with stdio_client(server) as (read, write), ClientSession(read, write) as mcp:
         await mcp.initialize()
