@@ -38,17 +38,19 @@ async def service(tmp_path: Path, docker_engine: DockerEngine) -> AsyncIterator[
     await close_service(svc)
 
 
-async def test_auto_picks_gvisor_here_and_records_why_firecracker_was_skipped(service: WorkspaceService) -> None:
-    """With default settings on a host without usable KVM, auto picks gVisor and records firecracker's reason."""
+async def test_auto_picks_gvisor_here_and_says_firecracker_was_skipped(service: WorkspaceService) -> None:
+    """With default settings on a host without usable KVM, auto picks gVisor; firecracker, never tried, is not an
+    attempt but one short warning, and its reason stays with its health."""
     if (await service.providers["firecracker"].health()).healthy:
         pytest.skip("this host can run Firecracker; the scenario needs one that cannot")
     record = await service.create(CreateWorkspace())
     assert record.requested_provider == "auto"
     assert record.provider == "gvisor"
     assert await service.providers["gvisor"].state(record.id) is WorkspaceState.RUNNING
-    [attempt] = record.provider_attempts
-    assert attempt.provider == "firecracker"
-    assert "KVM not available" in attempt.error
+    assert record.provider_attempts == ()
+    assert record.warnings == ("skipped firecracker (unhealthy); reasons at GET /api/v1/agent/workspaces/providers",)
+    health = service.health.latest("firecracker")
+    assert health is not None and health.error is not None and "KVM not available" in health.error
 
 
 async def test_explicit_firecracker_fails_without_fallback(service: WorkspaceService) -> None:
@@ -64,7 +66,8 @@ async def test_explicit_firecracker_fails_without_fallback(service: WorkspaceSer
 async def test_gvisor_failing_at_create_falls_back_to_docker_with_a_warning(
     service: WorkspaceService, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """When gVisor was healthy but its create fails, auto falls back to plain Docker, logs it, and records both."""
+    """When gVisor was healthy but its create fails, auto falls back to plain Docker, logs it, and records gVisor's
+    attempt (firecracker, skipped untried on this host, only in a one-line warning)."""
     gvisor = service.providers["gvisor"]
     assert isinstance(gvisor, GVisorProvider)
     gvisor.runtime = "runsc-unregistered"  # as if runsc vanished from dockerd after the last health check
@@ -72,8 +75,8 @@ async def test_gvisor_failing_at_create_falls_back_to_docker_with_a_warning(
     with caplog.at_level(logging.WARNING):
         record = await service.create(CreateWorkspace())
     assert record.provider == "docker"
-    assert [a.provider for a in record.provider_attempts] == ["firecracker", "gvisor"]
-    assert "gVisor runtime not available" in record.provider_attempts[1].error
+    assert [a.provider for a in record.provider_attempts] == ["gvisor"]
+    assert "gVisor runtime not available" in record.provider_attempts[0].error
     assert any("isolation is reduced" in w for w in record.warnings)
     assert any("falling back to docker" in r.getMessage() for r in caplog.records)
     assert any("SECURITY" in r.getMessage() for r in caplog.records)

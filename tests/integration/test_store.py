@@ -158,6 +158,15 @@ async def test_workspace_get_of_an_unknown_id_is_none_and_update_raises_not_foun
         await store.workspaces.add_warnings("0" * 32, "w")
 
 
+async def test_workspace_delete_removes_only_that_record(store: Store) -> None:
+    """delete() removes the record for good (a failed create nobody kept); a second delete finds nothing."""
+    gone, kept = await _workspace(store, id="d" * 16), await _workspace(store, id="e" * 16)
+    assert await store.workspaces.delete(gone.id) is True
+    assert await store.workspaces.get(gone.id) is None
+    assert await store.workspaces.delete(gone.id) is False
+    assert [r.id for r in await store.workspaces.list(include_destroyed=True)] == [kept.id]
+
+
 async def test_workspace_duplicate_id_is_an_invalid_request(store: Store) -> None:
     """Creating a workspace with an id already in use raises InvalidRequestError naming the id."""
     await _workspace(store, id="a" * 32)

@@ -105,6 +105,7 @@ async def test_create_defaults_to_auto_and_gvisor(client: httpx.AsyncClient) -> 
     assert ws["network"] == "isolated"
     assert ws["from_warm_pool"] is False
     assert ws["provider_attempts"] == []
+    assert ws["idle_timeout_s"] == 3600.0 and isinstance(ws["expires_at"], str)  # stopped when idle an hour
 
 
 async def test_auto_falls_back_and_records_every_attempt(
@@ -334,13 +335,31 @@ async def test_every_workspace_answer_names_its_isolation(client: httpx.AsyncCli
 async def test_a_failed_workspace_has_no_isolation(
     client: httpx.AsyncClient, providers: dict[str, FakeProvider]
 ) -> None:
-    """A workspace no provider could create answers isolation null."""
+    """A workspace no provider could create, kept with keep_failed=true, answers isolation null."""
     for provider in providers.values():
         provider.fail_create = "down"
-    resp = await client.post("/api/v1/agent/workspaces", json={})
+    resp = await client.post("/api/v1/agent/workspaces", params={"keep_failed": "true"}, json={})
     assert resp.status_code == 503
     [record] = (await client.get("/api/v1/agent/workspaces")).json()["workspaces"]
     assert (record["status"], record["isolation"]) == ("error", None)
+    assert record["id"] == resp.json()["error"]["details"]["workspace_id"]
+    assert [a["provider"] for a in record["provider_attempts"]] == ["gvisor", "docker"]
+    assert (record["idle_timeout_s"], record["expires_at"]) == (3600.0, None)  # not ready: nothing to expire
+
+
+async def test_a_failed_create_leaves_no_record_unless_kept(
+    client: httpx.AsyncClient, providers: dict[str, FakeProvider]
+) -> None:
+    """A create failing on every provider answers 503 with the attempts and leaves nothing in the list."""
+    for provider in providers.values():
+        provider.fail_create = "down"
+    resp = await client.post("/api/v1/agent/workspaces", json={"base_image": "corral/nothing:here"})
+    assert resp.status_code == 503
+    error = resp.json()["error"]
+    assert [a["provider"] for a in error["details"]["attempts"]] == ["gvisor", "docker"]
+    assert "workspace_id" not in error["details"]
+    assert (await client.get("/api/v1/agent/workspaces")).json()["workspaces"] == []
+    assert all(any(c[0] == "create" for c in p.calls) for p in providers.values())  # both were really tried
 
 
 async def test_session_answers_name_their_workspace_isolation(client: httpx.AsyncClient) -> None:
@@ -355,8 +374,10 @@ async def test_session_answers_name_their_workspace_isolation(client: httpx.Asyn
         await asyncio.sleep(0.01)
         session = (await client.get(f"/api/v1/agent/sessions/{session['id']}")).json()
     assert (session["status"], session["isolation"]) == ("active", "gvisor")
+    assert session["idle_timeout_s"] == 3600.0 and session["expires_at"].endswith("Z")  # the default idle timeout
     ended = (await client.delete(f"/api/v1/agent/sessions/{session['id']}")).json()
     assert ended["isolation"] == "gvisor"  # the (now destroyed) workspace's
+    assert ended["expires_at"] is None
     bare = await client.post("/api/v1/agent-types", json={"name": "chat"})
     plain = (await client.post("/api/v1/agent/sessions", json={"agent_type_id": bare.json()["id"]})).json()
     assert (plain["workspace_id"], plain["isolation"]) == (None, None)

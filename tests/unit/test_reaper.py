@@ -1,4 +1,5 @@
-"""The reaper: workspaces past their TTL or idle too long are destroyed; it is off by default. Time is faked."""
+"""The reaper: workspaces past their TTL are destroyed, idle ones stopped, kept failed creates deleted. Time is
+faked."""
 
 from __future__ import annotations
 
@@ -88,9 +89,16 @@ async def service(tmp_path: Path, provider: FakeProvider, clock: FakeClock) -> A
     await store.close()
 
 
-def reaper(service: WorkspaceService, *, ttl_s: float = 0.0, idle_s: float = 0.0, interval_s: float = 60.0) -> Reaper:
+def reaper(
+    service: WorkspaceService,
+    *,
+    ttl_s: float = 0.0,
+    idle_s: float = 0.0,
+    interval_s: float = 60.0,
+    failed_ttl_s: float = 0.0,
+) -> Reaper:
     """A reaper over the service."""
-    return Reaper(service, ttl_s=ttl_s, idle_s=idle_s, interval_s=interval_s)
+    return Reaper(service, ttl_s=ttl_s, idle_s=idle_s, interval_s=interval_s, failed_ttl_s=failed_ttl_s)
 
 
 async def new_workspace(service: WorkspaceService) -> str:
@@ -110,23 +118,28 @@ async def assert_kept(service: WorkspaceService, provider: FakeProvider, workspa
     assert await provider.state(workspace_id) is WorkspaceState.RUNNING
 
 
-async def test_reaper_is_disabled_by_default(
+def test_defaults_are_an_hour_of_idle_time_and_no_ttl(service: WorkspaceService) -> None:
+    """By default there is no TTL, the idle timeout is an hour (warned about 5 minutes ahead) and failed creates kept
+    on request are deleted after an hour."""
+    settings = service.settings
+    assert (settings.workspace_ttl_s, settings.idle_timeout_s, settings.idle_warning_s) == (0.0, 3600.0, 300.0)
+    assert settings.failed_record_ttl_s == 3600.0
+
+
+async def test_reaper_with_everything_off_does_nothing(
     service: WorkspaceService, provider: FakeProvider, clock: FakeClock
 ) -> None:
-    """With the default settings (no TTL, no idle timeout) the reaper is off: start() runs nothing, sweeps reap none."""
-    settings = service.settings
-    assert (settings.workspace_ttl_s, settings.idle_timeout_s) == (0.0, 0.0)
-    default = Reaper(
-        service, ttl_s=settings.workspace_ttl_s, idle_s=settings.idle_timeout_s, interval_s=settings.reaper_interval_s
-    )
-    assert default.enabled is False
-    await default.start()
+    """With no TTL, no idle timeout and no failed-record TTL the reaper is off: start() runs nothing, sweeps reap
+    none."""
+    off = Reaper(service, ttl_s=0, idle_s=0, interval_s=60, failed_ttl_s=0)
+    assert off.enabled is False
+    await off.start()
     assert reaper_tasks() == []
     workspace_id = await new_workspace(service)
     clock.advance(10 * 365 * 24 * 3600)
-    assert await default.sweep() == []
+    assert await off.sweep() == []
     await assert_kept(service, provider, workspace_id)
-    await default.stop()  # nothing to stop is fine
+    await off.stop()  # nothing to stop is fine
 
 
 @pytest.mark.parametrize(("ttl_s", "idle_s"), [(60.0, 0.0), (0.0, 60.0), (60.0, 60.0)])
@@ -160,10 +173,16 @@ async def test_ttl_counts_from_creation_even_for_busy_workspaces(
     await assert_destroyed(service, provider, workspace_id)
 
 
-async def test_idle_timeout_destroys_idle_workspaces_and_keeps_used_ones(
+async def assert_stopped(service: WorkspaceService, provider: FakeProvider, workspace_id: str) -> None:
+    """The record says stopped and the runtime object is stopped, not removed (its disk is kept)."""
+    assert (await service.get(workspace_id)).status == "stopped"
+    assert await provider.state(workspace_id) is WorkspaceState.STOPPED
+
+
+async def test_idle_timeout_stops_idle_workspaces_and_keeps_used_ones(
     service: WorkspaceService, provider: FakeProvider, clock: FakeClock
 ) -> None:
-    """With idle_s set, a workspace used recently (service.exec) is kept while one unused for longer is destroyed."""
+    """With idle_s set, a workspace used recently (service.exec) is kept while one unused for longer is stopped."""
     used, idle = await new_workspace(service), await new_workspace(service)
     clock.advance(50)
     result = await service.exec(used, ExecRequest("echo hi"))
@@ -171,12 +190,17 @@ async def test_idle_timeout_destroys_idle_workspaces_and_keeps_used_ones(
     clock.advance(20)  # used: idle 20 s; idle: unused for 70 s since creation
     sweeper = reaper(service, idle_s=60)
     assert await sweeper.sweep() == [idle]
-    await assert_destroyed(service, provider, idle)
+    await assert_stopped(service, provider, idle)
     await assert_kept(service, provider, used)
 
     clock.advance(41)  # now used has been idle 61 s too
     assert await sweeper.sweep() == [used]
-    await assert_destroyed(service, provider, used)
+    await assert_stopped(service, provider, used)
+    clock.advance(3600)
+    assert await sweeper.sweep() == []  # stopped ones stay stopped: idle time never destroys
+    await service.resume(idle)  # and come back on resume, which counts as use
+    await assert_kept(service, provider, idle)
+    assert await sweeper.sweep() == []
 
 
 async def test_file_calls_count_as_use(service: WorkspaceService, provider: FakeProvider, clock: FakeClock) -> None:
@@ -200,17 +224,33 @@ async def test_stopped_workspaces_are_reaped_too(
     await assert_destroyed(service, provider, workspace_id)
 
 
-async def test_failed_creates_are_left_alone(
+async def test_kept_failed_creates_are_deleted_after_their_grace_period(
     service: WorkspaceService, provider: FakeProvider, clock: FakeClock
 ) -> None:
-    """Only ready and stopped workspaces are reaped; a failed create's error record stays as it is."""
+    """A failed create kept with keep_failed stays through its grace period, then the reaper deletes its record."""
     provider.fail_create = "runsc missing"
     with pytest.raises(Exception, match="runsc missing"):
-        await service.create(CreateWorkspace())
-    clock.advance(3600)
-    assert await reaper(service, ttl_s=60, idle_s=60).sweep() == []
+        await service.create(CreateWorkspace(keep_failed=True))
     [record] = await service.store.workspaces.list(status="error")
-    assert record.status == "error"
+    sweeper = reaper(service, ttl_s=60, idle_s=60)
+    sweeper.failed_ttl_s = 600
+    clock.advance(599)
+    assert await sweeper.sweep() == []
+    assert (await service.get(record.id)).status == "error"
+    clock.advance(2)
+    assert await sweeper.sweep() == [record.id]
+    assert await service.store.workspaces.get(record.id) is None
+
+
+async def test_broken_workspaces_are_not_collected_as_failed_creates(
+    service: WorkspaceService, provider: FakeProvider, clock: FakeClock
+) -> None:
+    """A workspace that broke after it was created (error with a provider) is left for a resume or a person."""
+    workspace_id = await new_workspace(service)
+    await service.mark_error(workspace_id, "agent broke the protocol")
+    clock.advance(10 * 3600)
+    assert await reaper(service, ttl_s=0, idle_s=60, failed_ttl_s=60).sweep() == []
+    assert (await service.get(workspace_id)).status == "error"
 
 
 async def test_warm_pool_workspaces_are_not_reaped(

@@ -236,6 +236,19 @@ async def test_omitting_the_provider_behaves_as_auto(build: Build) -> None:
     assert record.warnings == ()
 
 
+async def test_unhealthy_providers_are_summarised_not_listed_as_attempts(build: Build) -> None:
+    """A provider skipped as unhealthy is not in provider_attempts (it was never tried); one short warning names it."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].healthy = False
+    providers["firecracker"].health_error = NO_KVM
+    service = await build(providers)
+    record = await service.create(CreateWorkspace())
+    assert record.provider == "gvisor"
+    assert record.provider_attempts == ()
+    assert record.warnings == ("skipped firecracker (unhealthy); reasons at GET /api/v1/agent/workspaces/providers",)
+    assert create_calls(providers["firecracker"]) == []
+
+
 async def test_mcp_server_is_created_on_gvisor(build: Build) -> None:
     """container_type mcp_server with provider auto is created on gVisor; agent_workspace on Firecracker."""
     service = await build(fakes(*ALL_BACKENDS))
@@ -304,9 +317,21 @@ async def test_explicit_provider_does_not_fall_back(build: Build) -> None:
     assert len(create_calls(providers["firecracker"])) == 1
     assert create_calls(providers["gvisor"]) == []
     assert create_calls(providers["docker"]) == []
+    assert "workspace_id" not in caught.value.details  # its record was not kept (no keep_failed)
+    assert await service.store.workspaces.list(include_destroyed=True) == []
+
+
+async def test_explicit_provider_failure_kept_on_request(build: Build) -> None:
+    """With keep_failed an explicit provider's failure leaves an error record, named in the error's details."""
+    providers = fakes(*ALL_BACKENDS)
+    providers["firecracker"].fail_create = "KVM error: cannot open /dev/kvm"
+    service = await build(providers)
+    with pytest.raises(ProviderUnavailableError) as caught:
+        await service.create(CreateWorkspace(provider="firecracker", keep_failed=True))
     record = await service.get(caught.value.details["workspace_id"])
     assert record.status == "error"
     assert record.requested_provider == "firecracker"
+    assert record.provider_attempts == (ProviderAttempt("firecracker", "KVM error: cannot open /dev/kvm"),)
 
 
 async def test_all_providers_fail_lists_every_provider_and_reason(build: Build) -> None:
@@ -329,14 +354,27 @@ async def test_all_providers_fail_lists_every_provider_and_reason(build: Build) 
     assert create_calls(providers["firecracker"]) == []  # skipped up front: it was unhealthy
 
 
-async def test_failed_auto_create_leaves_an_error_record_with_the_attempts(build: Build) -> None:
-    """A create that exhausts the chain leaves a record with status "error" that keeps every attempt."""
+async def test_failed_auto_create_leaves_no_record(build: Build) -> None:
+    """A create that exhausts the chain deletes its record, and its error still lists every attempt."""
+    providers = fakes("firecracker", "gvisor")
+    providers["firecracker"].fail_create = "KVM error"
+    providers["gvisor"].fail_create = "runsc missing"
+    service = await build(providers)
+    with pytest.raises(AllProvidersFailedError) as caught:
+        await service.create(CreateWorkspace(metadata={"task": "t-1"}))
+    assert caught.value.attempts == [("firecracker", "KVM error"), ("gvisor", "runsc missing")]
+    assert len(create_calls(providers["gvisor"])) == 1  # it was tried, then its record went
+    assert await service.store.workspaces.list(include_destroyed=True) == []
+
+
+async def test_failed_auto_create_kept_with_keep_failed_has_the_attempts(build: Build) -> None:
+    """With keep_failed, a create that exhausts the chain leaves a record with status "error" and every attempt."""
     providers = fakes("firecracker", "gvisor")
     providers["firecracker"].fail_create = "KVM error"
     providers["gvisor"].fail_create = "runsc missing"
     service = await build(providers)
     with pytest.raises(AllProvidersFailedError):
-        await service.create(CreateWorkspace(metadata={"task": "t-1"}))
+        await service.create(CreateWorkspace(metadata={"task": "t-1"}, keep_failed=True))
     [record] = await service.store.workspaces.list(status="error")
     assert record.provider is None
     assert record.requested_provider == "auto"

@@ -22,7 +22,7 @@ from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.providers.base import ResourceLimits, WorkspaceState
 from corral.providers.fake import FakeProvider
 from corral.settings import Settings
-from corral.store import ProviderAttempt, Store, WorkspaceRecord
+from corral.store import Store, WorkspaceRecord
 
 ISOLATION = {"docker": "container", "gvisor": "gvisor", "firecracker": "microvm"}
 """What each real provider reports, for the fakes that stand in for them."""
@@ -219,7 +219,7 @@ async def test_warm_workspace_is_usable(service: WorkspaceService) -> None:
 async def test_warm_hit_records_providers_skipped_by_selection(
     service: WorkspaceService, providers: dict[str, FakeProvider]
 ) -> None:
-    """With Firecracker unhealthy, selection chooses gVisor, so a gVisor pool matches; the skip is recorded."""
+    """With Firecracker unhealthy, selection chooses gVisor, so a gVisor pool matches; the skip is one warning."""
     providers["firecracker"].healthy = False
     providers["firecracker"].health_error = "KVM not available"
     await service.health.check_all()
@@ -227,7 +227,8 @@ async def test_warm_hit_records_providers_skipped_by_selection(
     await filled(service, pool)
     record = await service.create(CreateWorkspace())
     assert record.from_warm_pool and record.provider == "gvisor"
-    assert record.provider_attempts == (ProviderAttempt("firecracker", "unhealthy: KVM not available"),)
+    assert record.provider_attempts == ()  # nothing was tried for this request
+    assert record.warnings == ("skipped firecracker (unhealthy); reasons at GET /api/v1/agent/workspaces/providers",)
 
 
 async def test_explicit_provider_request_can_use_its_pool(service: WorkspaceService) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from corral.errors import WorkspaceNotFoundError
@@ -97,6 +97,14 @@ class WorkspaceRepository:
             async with self._sessions() as session:
                 row = await session.get(WorkspaceRow, workspace_id)
         return None if row is None else WorkspaceRecord._from_row(row)
+
+    @finish_when_cancelled
+    async def delete(self, workspace_id: str) -> bool:
+        """Remove the record altogether (a failed create nobody asked to keep); True if it existed."""
+        with database_errors():
+            async with self._sessions.begin() as session:
+                result = await session.execute(delete(WorkspaceRow).where(WorkspaceRow.id == workspace_id))
+        return bool(getattr(result, "rowcount", 0))
 
     async def list(
         self,
