@@ -298,16 +298,19 @@ def _run_example(server: Server, name: str) -> str:
 
 
 def test_readme_sdk_examples_run_as_printed(server: Server) -> None:
-    """The README's async and sync SDK examples print what their comments say and leave no workspace behind."""
+    """The README's async and sync SDK examples print what their comments say, twice in a row (the async one
+    removes the agent type it creates), and leave no workspace or agent type behind."""
     before = {w["id"] for w in server.client.get("/api/v1/agent/workspaces").json()["workspaces"]}
-    assert _run_example(server, "sdk_async.py").splitlines() == [
-        "0 hello from Linux",
-        "['hello.py']",
-        "True",
-        "[('src/app.py', 1)]",
-        "Tool 'bash' is not enabled for this agent type",
-        "[('write', 'ok'), ('grep', 'ok'), ('bash', 'refused')]",
-    ]
+    for _ in range(2):
+        assert _run_example(server, "sdk_async.py").splitlines() == [
+            "0 hello from Linux",
+            "['hello.py']",
+            "True",
+            "[('src/app.py', 1)]",
+            "Tool 'bash' is not enabled for this agent type",
+            "[('write', 'ok'), ('grep', 'ok'), ('bash', 'refused')]",
+        ]
+    assert "editor" not in {t["name"] for t in server.client.get("/api/v1/agent-types").json()["agent_types"]}
     assert _run_example(server, "sdk_sync.py") == "same methods, no await\n"
     after = {w["id"] for w in server.client.get("/api/v1/agent/workspaces").json()["workspaces"]}
     assert after <= before

@@ -126,14 +126,15 @@ def test_package_exports_exactly_its_public_api() -> None:
         "AsyncAgentTypes", "AgentTypes", "AsyncSessions", "Sessions", "AsyncSession", "Session", "AsyncTools", "Tools",
         "AgentType", "AuditEntry", "BashResult", "ExecResult", "FileInfo", "GitResult", "GlobResult", "GrepMatch",
         "GrepResult", "PoolReport", "PoolStatus", "ProviderAttempt", "ProviderStatus", "ReadResult", "SessionInfo",
-        "WorkspaceInfo",
+        "WorkspaceInfo", "ExecChunk",
         "AuthenticationError", "CorralConnectionError", "CorralTimeoutError",
         "CorralError", "InvalidRequestError", "ProviderNotFoundError", "ProviderNotAllowedError",
         "ProviderUnavailableError", "AllProvidersFailedError", "WorkspaceNotFoundError", "WorkspaceDestroyedError",
         "WorkspaceStateError", "WorkspaceBrokenError", "TooManyRequestsError", "ExecTimeoutError", "ResourceLimitError",
         "FileOperationError", "WorkspaceFileNotFoundError", "ToolError", "ToolNotAllowedError", "UnknownToolError",
-        "AgentTypeNotFoundError", "SessionNotFoundError", "NoWorkspaceError", "SessionStateError",
-        "SessionDegradedError", "CheckoutError", "CredentialUnavailableError", "SnapshotNotFoundError",
+        "AgentTypeNotFoundError", "AgentTypeInUseError", "SessionNotFoundError", "NoWorkspaceError",
+        "SessionStateError", "SessionDegradedError", "CheckoutError", "CredentialUnavailableError",
+        "SnapshotNotFoundError",
     }  # fmt: skip
     assert set(corral.client.__all__) == expected
     assert len(corral.client.__all__) == len(expected), "no duplicates"

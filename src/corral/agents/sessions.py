@@ -52,6 +52,7 @@ from corral.credentials import (
     redact_url,
 )
 from corral.errors import (
+    AgentTypeInUseError,
     AgentTypeNotFoundError,
     CheckoutError,
     CorralError,
@@ -80,6 +81,9 @@ OUTPUT_TAIL = 2000
 TASK_URL_PURPOSE = "task repository URL"
 SOURCE_URL_PURPOSE = "repo_source URL"
 _SEALED_TASK_KEY = "sealed_repository_url"
+SESSION_STATUSES = ("provisioning", "active", "ended")
+LIVE_SESSION_STATUSES = ("provisioning", "active")
+"""Sessions in these statuses keep their agent type from being deleted."""
 
 NOT_RETRIED: tuple[type[CorralError], ...] = (
     CheckoutError,
@@ -203,8 +207,41 @@ class AgentService:
         current = config_from_json((await self.get_type(agent_type_id)).workspace_config)
         config = self._seal_source(self.parse_config(raw), previous=current.repo_source)
         record = await self.store.agent_types.update_config(agent_type_id, config.to_json(include_sealed=True))
-        assert record is not None  # it existed a moment ago; agent types are never deleted
+        if record is None:  # deleted meanwhile
+            raise AgentTypeNotFoundError(f"agent type {agent_type_id!r} does not exist", details={"id": agent_type_id})
         return record
+
+    async def delete_type(self, agent_type_id: str) -> None:
+        """Delete an agent type, with its ended sessions and their audit logs (sessions reference their type).
+
+        Raises:
+            AgentTypeNotFoundError: No agent type has that id.
+            AgentTypeInUseError: Sessions of the type are provisioning or active; the message names them.
+        """
+        live = await self.store.agent_types.delete(agent_type_id, live=LIVE_SESSION_STATUSES)
+        if live is None:
+            raise AgentTypeNotFoundError(f"agent type {agent_type_id!r} does not exist", details={"id": agent_type_id})
+        if live:
+            shown = ", ".join(live[:10]) + (f" and {len(live) - 10} more" if len(live) > 10 else "")
+            raise AgentTypeInUseError(
+                f"agent type {agent_type_id!r} has {len(live)} live session(s) ({shown}); end them first "
+                "(DELETE /api/v1/agent/sessions/{id}, or corral sessions end ID)",
+                details={"id": agent_type_id, "sessions": live},
+            )
+
+    async def list_sessions(self, status: str | None = None) -> list[SessionRecord]:
+        """Sessions, newest first; ``status`` keeps only those in it.
+
+        Raises:
+            InvalidRequestError: ``status`` is not a session status.
+        """
+        if status is not None and status not in SESSION_STATUSES:
+            raise InvalidRequestError(
+                f"status: {status!r} is not a session status; use one of {', '.join(SESSION_STATUSES)}",
+                details={"field": "status"},
+            )
+        records = await self.store.sessions.list(status=status)  # type: ignore[arg-type]  # checked above
+        return records[::-1]
 
     def _seal_source(self, config: WorkspaceConfig, *, previous: RepoSource | None) -> WorkspaceConfig:
         """The config with its repository URL's credential sealed, or the stored one kept for a masked URL."""

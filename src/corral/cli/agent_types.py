@@ -154,3 +154,35 @@ def agent_types_set_config(
         print_json(stored)
         return
     show(describe(stored))
+
+
+@app.command("rm")
+def agent_types_rm(
+    ctx: typer.Context, agent_types: Annotated[list[str], typer.Argument(help="ids or names, one or more")]
+) -> None:
+    """Delete agent types (by id or name), with their ended sessions and audit logs.
+
+    Refused while sessions of the type are provisioning or active: the error names them (end them with
+    corral sessions end ID). Each one's error is reported and the rest still go.
+    """
+    from corral.errors import AgentTypeNotFoundError, CorralError
+
+    failed = False
+    with connect(ctx) as corral:
+        for given in agent_types:
+            try:
+                try:
+                    type_id = corral.agent_types.get(given).id
+                except AgentTypeNotFoundError:
+                    named = [t.id for t in corral.agent_types.list() if t.name == given]
+                    if not named:
+                        raise AgentTypeNotFoundError(f"no agent type has the id or name {given!r}") from None
+                    type_id = named[0]
+                corral.agent_types.delete(type_id)
+            except CorralError as exc:
+                typer.echo(" ".join(f"error: {exc.code}: {exc.message}".split()), err=True)
+                failed = True
+            else:
+                typer.echo(type_id)
+    if failed:
+        raise typer.Exit(1)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from corral.cli._common import JsonFlag, connect, describe, parse_json_object, print_json, show, stderr_console
+from corral.cli._lifetimes import warn_if_expiring
 
 if TYPE_CHECKING:
     from corral.client import SessionInfo
@@ -108,6 +109,37 @@ def sessions_start(
     typer.echo(session.id)
 
 
+@app.command("list")
+def sessions_list(
+    ctx: typer.Context,
+    *,
+    status: Annotated[
+        str | None, typer.Option(help="only sessions in this status: provisioning, active or ended")
+    ] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the ids")] = False,
+    as_json: JsonFlag = False,
+) -> None:
+    """List sessions, newest first, with their agent type, status and workspace."""
+    from rich.table import Table
+
+    with connect(ctx) as corral:
+        infos = [s.info for s in corral.sessions.list(status=status)]
+        names = {t.id: t.name for t in corral.agent_types.list()} if infos and not (quiet or as_json) else {}
+    if as_json:
+        print_json([dict(i.raw) for i in infos])
+        return
+    if quiet:
+        for info in infos:
+            typer.echo(info.id)
+        return
+    table = Table("ID", "AGENT TYPE", "STATUS", "WORKSPACE", "CREATED", box=None, pad_edge=False)
+    for i in infos:
+        created = i.created_at.strftime("%Y-%m-%d %H:%M:%S") if i.created_at else "-"
+        status_text = f"{i.status} (degraded)" if i.degraded else i.status
+        table.add_row(i.id, names.get(i.agent_type_id, i.agent_type_id), status_text, i.workspace_id or "-", created)
+    show(table if infos else "no sessions")
+
+
 @app.command("show")
 def sessions_show(ctx: typer.Context, session_id: str, as_json: JsonFlag = False) -> None:
     """Show a session: status, workspace, warnings, degraded reason."""
@@ -117,6 +149,7 @@ def sessions_show(ctx: typer.Context, session_id: str, as_json: JsonFlag = False
         print_json(dict(info.raw))
         return
     show(describe(dict(info.raw)))
+    warn_if_expiring("session", info.id, info.expires_at, ends="ends")
 
 
 @app.command("end")

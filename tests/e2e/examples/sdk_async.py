@@ -26,6 +26,8 @@ async def main() -> None:
             except ToolNotAllowedError as exc:
                 print(exc)  # Tool 'bash' is not enabled for this agent type
             print([(e.tool, e.status) for e in await session.audit()])  # [..., ('bash', 'refused')]
+        # Its session has ended, so the type can go (with that session's record): a second run starts afresh.
+        await corral.agent_types.delete(editor.id)
 
 
 asyncio.run(main())
