@@ -203,6 +203,16 @@ def test_console_sign_in_terminal_files_audit_and_destroy_over_loopback_only(
         assert row.locator(".label").inner_text() == "<b>console</b> test"
         assert row.locator("b").count() == 0
         assert "gvisor" in row.inner_text()
+        # The idle timeout (an hour by default) shows quietly; within five minutes of striking it is a warning.
+        assert re.fullmatch(r"idle timeout in (59|60) min", row.locator(".idle-note").inner_text())
+        soon = page.evaluate(
+            """async () => {
+                const { expiry } = await import("/console/static/dom.js");
+                const el = expiry(new Date(Date.now() + 240_000).toISOString());
+                return [el.className, el.textContent];
+            }"""
+        )
+        assert "idle-warning" in soon[0] and re.fullmatch(r"⏱ stops in 4 min unless used", soon[1]), soon
         page.locator("#workspaces-table .usage").first.wait_for(timeout=30_000)  # resource use from the metrics API
         browsing.shot("04-workspace-ready")
 

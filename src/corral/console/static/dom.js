@@ -85,6 +85,24 @@ export function age(value, now = Date.now()) {
   return `${Math.floor(seconds / 86400)} d`;
 }
 
+/** Seconds before an idle timeout strikes from which the console warns (the CLI's CORRAL_IDLE_WARNING_S default). */
+export const IDLE_WARNING_S = 300;
+
+/**
+ * When the idle timeout strikes (the API's `expires_at`), as a line for a table cell: a warning within
+ * IDLE_WARNING_S ("stops in 4 min unless used"), a quiet note before that, nothing when no timeout applies.
+ */
+export function expiry(expiresAt, verb = "stops", now = Date.now()) {
+  const date = parseTime(expiresAt);
+  if (date === null) return null;
+  const seconds = Math.max(0, Math.round((date.getTime() - now) / 1000));
+  const left = seconds < 60 ? `${seconds} s` : `${Math.ceil(seconds / 60)} min`;
+  if (seconds <= IDLE_WARNING_S) {
+    return h("div", { class: "warning small idle-warning", title: `idle timeout at ${date.toLocaleString()}` }, `⏱ ${verb} in ${left} unless used`);
+  }
+  return h("div", { class: "muted small idle-note", title: `idle timeout at ${date.toLocaleString()}` }, `idle timeout in ${left}`);
+}
+
 /** Local date and time of an API timestamp. */
 export function when(value) {
   const date = parseTime(value);

@@ -1,7 +1,7 @@
 // Agent sessions with their agent type, and one session's audit log, polled every 2 s while it is on screen.
 
 import * as api from "./api.js";
-import { h, notice, replace, shortId, statusBadge, table, when } from "./dom.js";
+import { expiry, h, notice, replace, shortId, statusBadge, table, when } from "./dom.js";
 
 const LIST_REFRESH_MS = 5000;
 const AUDIT_REFRESH_MS = 2000;
@@ -62,6 +62,7 @@ export function renderSessions(main, ctx) {
             {},
             statusBadge(s.status),
             s.degraded && h("div", { class: "warning small", title: s.degraded_reason ?? "" }, "degraded"),
+            expiry(s.expires_at, "ends"),
             (s.warnings ?? []).length > 0 && h("div", { class: "warning small" }, `⚠ ${s.warnings[0]}`),
           ),
           h("td", {}, s.isolation ?? "—"),

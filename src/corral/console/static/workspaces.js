@@ -1,7 +1,7 @@
 // Workspaces: the table (state, provider, isolation, age, limits, resource use), create, and lifecycle buttons.
 
 import * as api from "./api.js";
-import { age, bytes, h, notice, replace, shortId, statusBadge, table } from "./dom.js";
+import { age, bytes, expiry, h, notice, replace, shortId, statusBadge, table } from "./dom.js";
 
 const REFRESH_MS = 5000;
 
@@ -234,6 +234,7 @@ export function renderWorkspaces(main, ctx) {
         statusBadge(ws.status),
         warnings.length > 0 && h("div", { class: "warning small", title: warnings.join("\n") }, `⚠ ${warnings[0]}`),
         ws.error && h("div", { class: "error small", title: ws.error }, ws.error),
+        expiry(ws.expires_at),
       ),
       h("td", {}, ws.provider ?? "—"),
       h("td", {}, ws.isolation ?? "—"),
