@@ -1,5 +1,5 @@
-"""The ``corral`` command as a user runs it: real ``corral`` subprocesses against a real ``corral serve`` on gVisor,
-and the README's command-line example run as it is printed."""
+"""The ``corral`` command as a user runs it: real ``corral`` subprocesses against a real ``corral serve`` on gVisor.
+The README's command-line example runs as printed, in a fresh shell, in test_readme.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ pytestmark = pytest.mark.e2e
 
 BIN = Path(sys.executable).parent
 CORRAL = [str(BIN / "corral")] if (BIN / "corral").exists() else [sys.executable, "-m", "corral.cli"]
-EXAMPLES = Path(__file__).parent / "examples"
 
 
 def _env(server: Server, **extra: str) -> dict[str, str]:
@@ -27,10 +26,11 @@ def _env(server: Server, **extra: str) -> dict[str, str]:
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}  # fmt: skip
 
 
-def corral(server: Server, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run ``corral ARGS`` as a subprocess with the server's URL and token in the environment."""
+def corral(server: Server, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``corral ARGS`` as a subprocess with the server's URL and token in the environment; ``stdin`` is piped
+    in (none: /dev/null, so the test's own stdin is never forwarded)."""
     return subprocess.run([*CORRAL, *args], env=_env(server, **env), capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
+                          check=False, input=stdin, stdin=subprocess.DEVNULL if stdin is None else None)  # fmt: skip
 
 
 def ok(server: Server, *args: str) -> str:
@@ -208,23 +208,24 @@ def test_pause_snapshot_restore_fork_and_snapshots_commands(server: Server, snap
         ok(server, "workspaces", "rm", *made)
 
 
-def test_readme_cli_example_runs_as_printed(server: Server) -> None:
-    """The README's shell example, run by bash with ``corral`` on PATH, prints what the README says and leaves no
-    workspace behind."""
-    script = (EXAMPLES / "cli.sh").read_text()
-    proc = subprocess.run(["bash", "-c", script], env=_env(server), capture_output=True, text=True, timeout=300,
-                          check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    ws = lines[4].split()[0]
-    assert lines[:7] == ["hello from Linux", "exit code: 3", ".", "..", f"{ws} stopped", f"{ws} ready", ws]
-    assert lines[7:9] == ["hi from /tmp", "# notes"]
-    assert lines[9].split() == ["AT", "TOOL", "STATUS", "MS", "ARGUMENTS"]  # column widths follow the values
-    assert [line.split()[1:3] for line in lines[10:14]] == [
-        ["bash", "ok"], ["bash", "ok"], ["read", "ok"], ["write", "refused"],
-    ]  # fmt: skip
-    assert lines[14].endswith(" ended") and len(lines) == 15
-    assert "error: tool_not_allowed: Tool 'write' is not enabled for this agent type\n" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    remaining = server.client.get("/api/v1/agent/workspaces").json()["workspaces"]
-    assert ws not in [w["id"] for w in remaining]
+def test_exec_streams_output_and_forwards_piped_stdin(server: Server) -> None:
+    """``echo x | corral workspaces exec $WS cat`` prints x; streamed output keeps stdout and stderr apart and the
+    exit code; the first line reaches a reader seconds before a slow command ends; ``--no-stdin`` sends none."""
+    ws = ok(server, "workspaces", "create", "--provider", "gvisor").strip()
+    try:
+        piped = corral(server, "workspaces", "exec", ws, "cat", stdin="x\n")
+        assert (piped.returncode, piped.stdout) == (0, "x\n"), piped.stderr
+        argv = corral(server, "workspaces", "exec", "--argv", ws, "--", "wc", "-l", stdin="a\nb\n")
+        assert (argv.returncode, argv.stdout.strip()) == (0, "2")
+        both = corral(server, "workspaces", "exec", ws, "cat; echo err >&2; exit 4", stdin="in\n")
+        assert (both.returncode, both.stdout, both.stderr) == (4, "in\n", "err\n")
+        ignored = corral(server, "workspaces", "exec", "--no-stdin", ws, "cat; echo done", stdin="x\n")
+        assert (ignored.returncode, ignored.stdout) == (0, "done\n")
+        slow = [*CORRAL, "workspaces", "exec", ws, "echo first; sleep 3; echo last"]
+        with subprocess.Popen(slow, env=_env(server), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE) as process:
+            assert process.stdout is not None
+            first = process.stdout.readline()
+            assert first == b"first\n" and process.poll() is None  # the command still runs: the line came early
+            assert (process.stdout.read(), process.wait(30)) == (b"last\n", 0)
+    finally:
+        ok(server, "workspaces", "rm", ws)

@@ -217,7 +217,9 @@ def test_setup_commands_run_in_order_and_a_failure_stops_the_rest(server: Server
     assert "1 later command(s) skipped" in warning and "broken" in warning
     assert _sh(server, session["workspace_id"], "cat where.txt; ls never")["stdout"] == "/workspace\n"
     workspace = server.client.get(f"{WORKSPACES}/{session['workspace_id']}").json()
-    assert workspace["warnings"] == [warning]
+    # Beside it, at most the one-line summary of providers skipped without being tried (Firecracker without KVM).
+    assert warning in workspace["warnings"]
+    assert all(w == warning or w.startswith("skipped ") for w in workspace["warnings"]), workspace["warnings"]
     _end(server, session["id"])
 
 

@@ -1,2 +1,0 @@
-TYPE=$(corral agent-types create mcp-demo --tools bash,read)
-python mcp_client.py "$TYPE"
