@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -132,3 +134,48 @@ def serving_e2b(
         yield server
     finally:
         stop_server(server)
+
+
+# --- a browser and a workspace, shared by the e2e tests that need them ----------------------------------------------
+
+ARTIFACTS = Path(os.environ.get("CORRAL_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+"""Screenshots and other files a person looks at after a run (gitignored)."""
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    # Without these, Chromium keeps connecting to Google's services, which this closed network refuses.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def chromium() -> Iterator[Any]:
+    """Debian's headless Chromium through Playwright, with a fresh profile; skips (a failure under CI) without it."""
+    if shutil.which(CHROMIUM) is None:
+        pytest.skip(f"{CHROMIUM} not installed; run `make bootstrap`")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed; run `make bootstrap`")
+    with sync_api.sync_playwright() as playwright:
+        # Playwright's launch makes a fresh temporary profile (--user-data-dir) and removes it afterwards.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextmanager
+def gvisor_workspace(server: Server) -> Iterator[str]:
+    """A gVisor workspace on ``server``, destroyed at the end."""
+    created = server.client.post("/api/v1/agent/workspaces", json={"provider": "gvisor"})
+    assert created.status_code == 201, created.text
+    workspace_id = str(created.json()["id"])
+    try:
+        yield workspace_id
+    finally:
+        server.client.delete(f"/api/v1/agent/workspaces/{workspace_id}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Server
+from tests.e2e.conftest import Server, gvisor_workspace
 from tests.e2e.test_cli import CORRAL, _env
 
 pytestmark = pytest.mark.e2e
@@ -59,11 +59,8 @@ class Tmux:
 @pytest.fixture
 def workspace(server: Server) -> Iterator[str]:
     """A gVisor workspace, destroyed at the end."""
-    created = server.client.post(API, json={"provider": "gvisor"})
-    assert created.status_code == 201, created.text
-    workspace_id = str(created.json()["id"])
-    yield workspace_id
-    server.client.delete(f"{API}/{workspace_id}")
+    with gvisor_workspace(server) as workspace_id:
+        yield workspace_id
 
 
 @pytest.fixture

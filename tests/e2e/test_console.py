@@ -9,10 +9,8 @@ Screenshots of each step go to ``test-artifacts/console/`` in the repository (or
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -23,23 +21,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import BASE_IMAGE
-from tests.e2e.conftest import TOKEN, Server, start_server, stop_server
+from tests.e2e.conftest import ARTIFACTS, TOKEN, Server, start_server, stop_server
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("CORRAL_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "console"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+SHOTS = ARTIFACTS / "console"
 WORKSPACES = "/api/v1/agent/workspaces"
 
 
@@ -55,21 +42,6 @@ def gvisor_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         stop_server(server)
 
 
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    """Debian's headless Chromium through Playwright, with a fresh profile; skips (a failure under CI) without it."""
-    if shutil.which(CHROMIUM) is None:
-        pytest.skip(f"{CHROMIUM} not installed; run `make bootstrap`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed; run `make bootstrap`")
-    with sync_api.sync_playwright() as playwright:
-        # Playwright's launch makes a fresh temporary profile (--user-data-dir) and removes it afterwards.
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 class Browsing:
     """A page on the console that records every URL it asks for, refuses those off the server, and keeps errors."""
 
@@ -78,7 +50,7 @@ class Browsing:
         self.urls: list[str] = []
         self.outside: list[str] = []
         self.errors: list[str] = []
-        self.shots = ARTIFACTS / shots
+        self.shots = SHOTS / shots
         self.shots.mkdir(parents=True, exist_ok=True)
         self.context = browser.new_context(viewport={"width": 1360, "height": 900}, accept_downloads=True)
         self.page = self.context.new_page()

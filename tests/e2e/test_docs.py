@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,23 +12,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import TOKEN, Server
+from tests.e2e.conftest import ARTIFACTS, TOKEN, Server
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts" / "docs"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+SHOTS = ARTIFACTS / "docs"
 METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
 
 
@@ -109,21 +97,6 @@ def test_docs_page_is_public_and_loads_only_local_urls(server: Server) -> None:
     assert server.client.get("/redoc").status_code == 404  # FastAPI's ReDoc page would load from a CDN
 
 
-@pytest.fixture
-def chromium() -> Iterator[Any]:
-    """Debian's headless Chromium through Playwright, with a fresh profile; skips (a failure under CI) without it."""
-    if shutil.which(CHROMIUM) is None:
-        pytest.skip(f"{CHROMIUM} not installed; run `make bootstrap`")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed; run `make bootstrap`")
-    with sync_api.sync_playwright() as playwright:
-        # Playwright's launch makes a fresh temporary profile (--user-data-dir) and removes it afterwards.
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 def test_swagger_ui_authorize_and_try_it_out_answers_200_offline(server: Server, chromium: Any) -> None:
     """In headless Chromium, with every request off the loopback server refused, ``/docs`` renders, Authorize takes
     the token, and "Try it out" on ``GET /api/v1/agent/workspaces`` sends it and shows 200."""
@@ -168,8 +141,8 @@ def test_swagger_ui_authorize_and_try_it_out_answers_200_offline(server: Server,
         status.wait_for(timeout=30_000)
         shown = status.inner_text().strip()
         operation.scroll_into_view_if_needed()
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "authorize-try-it-out.png"), full_page=False)
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "authorize-try-it-out.png"), full_page=False)
     finally:
         context.close()
     assert shown == "200", shown

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from corral.client import AsyncCorral, AsyncWorkspace, ExecChunk, ExecResult, WorkspaceInfo, WorkspaceNotFoundError
-from tests.e2e.conftest import TOKEN, Server
+from tests.e2e.conftest import TOKEN, Server, gvisor_workspace
 
 pytestmark = pytest.mark.e2e
 
@@ -21,11 +21,8 @@ API = "/api/v1/agent/workspaces"
 @pytest.fixture(scope="module")
 def workspace(server: Server) -> Iterator[str]:
     """One gVisor workspace for the module, destroyed at the end."""
-    created = server.client.post(API, json={"provider": "gvisor"})
-    assert created.status_code == 201, created.text
-    workspace_id = str(created.json()["id"])
-    yield workspace_id
-    server.client.delete(f"{API}/{workspace_id}")
+    with gvisor_workspace(server) as workspace_id:
+        yield workspace_id
 
 
 def _stream(server: Server, workspace_id: str, **body: Any) -> list[tuple[float, dict[str, Any]]]:

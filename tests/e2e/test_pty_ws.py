@@ -14,7 +14,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
-from tests.e2e.conftest import TOKEN, Server
+from tests.e2e.conftest import TOKEN, Server, gvisor_workspace
 
 pytestmark = pytest.mark.e2e
 
@@ -25,11 +25,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 @pytest.fixture(scope="module")
 def workspace(server: Server) -> Iterator[str]:
     """One gVisor workspace for the module, destroyed at the end."""
-    created = server.client.post(API, json={"provider": "gvisor"})
-    assert created.status_code == 201, created.text
-    workspace_id = str(created.json()["id"])
-    yield workspace_id
-    server.client.delete(f"{API}/{workspace_id}")
+    with gvisor_workspace(server) as workspace_id:
+        yield workspace_id
 
 
 def _url(server: Server, workspace_id: str, query: str = "") -> str:
