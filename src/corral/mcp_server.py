@@ -11,12 +11,15 @@ client closes stdin or sends SIGTERM/SIGINT.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
 import signal
+import stat
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -34,6 +37,8 @@ __all__ = ["TOOL_SPECS", "allowed_tools", "build_server", "render_result", "serv
 log = logging.getLogger(__name__)
 
 END_SESSION_TIMEOUT_S = 30.0
+_LINE_LIMIT = 1 << 30
+"""The longest JSON-RPC line read from stdin (a write tool call carries the whole file)."""
 
 _PATH = {"type": "string", "minLength": 1, "description": "a path relative to /workspace"}
 TOOL_SPECS: Mapping[str, tuple[str, dict[str, Any]]] = {
@@ -229,8 +234,90 @@ def build_server(session: AsyncSession, tools: Sequence[str]) -> Server[Any]:
 
 async def _serve(session: AsyncSession, tools: Sequence[str]) -> None:
     server = build_server(session, tools)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    async with _stdio_pipes() as pipes:
+        stdio = stdio_server(*pipes) if pipes is not None else stdio_server()
+        async with stdio as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+class _PipeLines:
+    """Lines from the wire's read end, read by the event loop itself (no worker thread per line)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        while line := await self._reader.readline():
+            yield line.decode("utf-8", errors="replace")
+
+
+class _PipeWriter:
+    """The wire's write end: ``write`` queues without blocking, ``flush`` waits while the pipe is full."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def write(self, text: str) -> None:
+        self._writer.write(text.encode("utf-8"))
+
+    async def flush(self) -> None:
+        await self._writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def _stdio_pipes() -> AsyncIterator[tuple[Any, Any] | None]:
+    """stdin and stdout served by the event loop, or None where they cannot be (a regular file, a terminal...):
+    then the mcp package's transport serves them, with a worker thread per line read and two per message written.
+
+    As the mcp package does, the wire moves to private descriptors while serving, and fd 0 reads the null device
+    and fd 1 writes to stderr, so nothing else in this process (a library, a child) can read or tear the wire.
+    """
+    if not _pipes_of_their_own():
+        yield None
+        return
+    loop = asyncio.get_running_loop()
+    wire = [os.dup(0), os.dup(1)]  # above 2 and not inherited; kept to put the wire back on exit
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    try:
+        reader = asyncio.StreamReader(limit=_LINE_LIMIT)
+        read_transport, _ = await loop.connect_read_pipe(  # the transports own (and close) duplicates of their own
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(wire[0]), "rb", buffering=0)
+        )
+        write_transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(os.dup(wire[1]), "wb", buffering=0)
+        )
+        writer = asyncio.StreamWriter(write_transport, protocol, None, loop)
+        try:
+            yield _PipeLines(reader), _PipeWriter(writer)
+        finally:
+            with contextlib.suppress(Exception):
+                await writer.drain()
+            read_transport.close()
+            write_transport.close()
+    finally:
+        for fd, kept in enumerate(wire):  # the wire back on fd 0 and 1, blocking as it was
+            os.dup2(kept, fd)
+            os.set_blocking(fd, True)
+            os.close(kept)
+
+
+def _pipes_of_their_own() -> bool:
+    """stdin and stdout are pipes (or sockets) the event loop can wait on, and stdout is not stderr's pipe too:
+    the loop makes the wire non-blocking, which stderr must not become."""
+    if sys.platform == "win32":
+        return False
+    try:
+        found = [os.fstat(fd) for fd in (0, 1, 2)]
+    except OSError:
+        return False
+    streams = all(stat.S_ISFIFO(f.st_mode) or stat.S_ISSOCK(f.st_mode) for f in found[:2])
+    return streams and (found[1].st_dev, found[1].st_ino) != (found[2].st_dev, found[2].st_ino)
 
 
 class _Lifetime:

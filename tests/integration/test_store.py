@@ -25,7 +25,16 @@ from sqlalchemy.pool import NullPool
 
 import corral.store
 from corral.errors import CorralError, InvalidRequestError, SnapshotNotFoundError, WorkspaceNotFoundError
-from corral.store import ProviderAttempt, SnapshotRecord, Store, WorkspaceRecord, alembic_config, async_url, migrate
+from corral.store import (
+    ProviderAttempt,
+    SnapshotRecord,
+    Store,
+    ToolCall,
+    WorkspaceRecord,
+    alembic_config,
+    async_url,
+    migrate,
+)
 from corral.store.models import Base
 
 POSTGRES_URL_ENV = "CORRAL_TEST_POSTGRES_URL"
@@ -672,6 +681,27 @@ async def test_audit_entries_list_in_time_order_per_session(store: Store) -> Non
     assert await store.audit.list("nobody") == []
 
 
+async def test_audit_record_writes_a_batch_for_existing_sessions_only(store: Store) -> None:
+    """``record`` writes a batch of tool calls in one go, in order, skipping calls of sessions that do not exist,
+    with credentials masked."""
+    agent_type = await store.agent_types.create("recorder", {"enabled": True})
+    session = await store.sessions.create(agent_type.id)
+    at = datetime.now(UTC)
+    calls = [
+        ToolCall(session.id, at, "bash", "git clone https://u:hunter2@example.com/r.git", "ok", 2.5),
+        ToolCall("nobody", at, "bash", "true", "ok", 1.0),
+        ToolCall(session.id, at + timedelta(seconds=1), "read", "a.txt", "refused", 0.0),
+    ]
+    await store.audit.record(calls)
+    await store.audit.record([])
+    entries = await store.audit.list(session.id)
+    assert [(e.tool, e.arguments_summary, e.status, e.at, e.duration_ms) for e in entries] == [
+        ("bash", "git clone https://***@example.com/r.git", "ok", at, 2.5),
+        ("read", "a.txt", "refused", at + timedelta(seconds=1), 0.0),
+    ]
+    assert await store.audit.list("nobody") == []
+
+
 # --- opening ---------------------------------------------------------------------------------------------------------
 
 
@@ -721,6 +751,7 @@ def test_the_store_package_exports_its_public_api() -> None:
         "SnapshotRepository",
         "SnapshotStatus",
         "Store",
+        "ToolCall",
         "Unset",
         "WorkspaceRecord",
         "WorkspaceRepository",

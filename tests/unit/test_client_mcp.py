@@ -4,6 +4,8 @@ HTTP API (an in-memory MCP client against an in-memory Corral)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -113,3 +115,36 @@ async def test_a_session_snapshot_of_tools_wins_over_the_type() -> None:
     async with _corral([]) as corral:
         raw = {"id": "s1", "agent_type_id": "t1", "status": "active", "tools": ["grep"]}
         assert await allowed_tools(corral, AsyncSession(corral, SessionInfo.from_json(raw))) == ("grep",)
+
+
+_PIPE_ECHO = """
+import asyncio, os, sys
+from corral.mcp_server import _stdio_pipes
+
+async def main() -> None:
+    async with _stdio_pipes() as pipes:
+        assert pipes is not None, "pipes were not served by the event loop"
+        lines, out = pipes
+        assert os.read(0, 1) == b"", "fd 0 still reads the wire while serving"
+        async for line in lines:
+            await out.write(line.upper())
+            await out.flush()
+    assert os.get_blocking(0) and os.get_blocking(1)
+    sys.stdout.write("restored\\n")
+
+asyncio.run(main())
+"""
+
+
+def test_stdin_and_stdout_pipes_are_served_by_the_event_loop_and_given_back() -> None:
+    """Over pipes, ``corral mcp`` reads and writes the wire from its event loop (no worker thread per message), keeps
+    fd 0 off the wire while serving, and afterwards gives fd 0 and 1 back to the wire, blocking again."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PIPE_ECHO],
+        input=b'{"jsonrpc": "2.0"}\n' + b"x" * 300_000 + b"\nlast line\n",
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b'{"JSONRPC": "2.0"}\n' + b"X" * 300_000 + b"\nLAST LINE\nrestored\n"

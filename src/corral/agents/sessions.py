@@ -16,6 +16,13 @@ the full URL is also stored sealed (AES-GCM) so that provisioning can resume aft
 provisioning ends. A fixed ``repo_source`` URL is write-only: stored masked beside its sealed form; a config sent
 back with the masked URL unchanged keeps the stored credential.
 
+The hot path: a session's first tool call reads its row and keeps what calls need (its workspace, the tools its
+snapshot enables), and starting a session keeps its type's config; both are dropped whenever this service changes
+them (ending a session, replacing or deleting a type), so this service must be the only writer of its database's
+sessions and agent types, as :class:`~corral.orchestrator.service.WorkspaceService` is of its workspaces. The tool
+policy and the workspace's state are still checked on every call. Audit entries are queued and written behind the
+answers by one writer, in batches; reading the audit and closing the service wait for the queue.
+
 Restarts: a server that stops (SIGTERM) or dies (SIGKILL) while sessions provision leaves them ``provisioning``.
 At start-up :meth:`AgentService.resume_interrupted` destroys whatever workspace each one had (found by the id on the
 session and by the ``session_id`` in workspace metadata) and provisions it again from its snapshot and task. A
@@ -33,6 +40,7 @@ import time
 import uuid
 from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from corral.agents.checkout import RepoRef, checkout, resolve_commit
@@ -71,7 +79,7 @@ from corral.errors import (
 from corral.orchestrator.service import CreateWorkspace, WorkspaceService
 from corral.orchestrator.snapshots import SETUP_OWNER, SnapshotService
 from corral.providers.base import WORKSPACE_ROOT, ExecRequest, ResourceLimits
-from corral.store import AgentTypeRecord, AuditEntry, SessionRecord
+from corral.store import AgentTypeRecord, AuditEntry, SessionRecord, ToolCall
 from corral.tools import Toolbox, check_tool_allowed, summarize_arguments
 
 __all__ = ["NOT_RETRIED", "AgentService", "TaskContext"]
@@ -161,6 +169,15 @@ class TaskContext:
         return cls(url, raw.get("branch"), raw.get("pull_request_number"), raw.get("base_branch"))
 
 
+@dataclass(frozen=True, slots=True)
+class _ToolTarget:
+    """What a tool call needs of an active session: its workspace, the tools its snapshot enables, its toolbox."""
+
+    workspace_id: str
+    tools: frozenset[str]
+    toolbox: Toolbox
+
+
 class AgentService:
     """Agent types, their workspace configs, and sessions with auto-provisioned workspaces."""
 
@@ -176,6 +193,14 @@ class AgentService:
         self.box = box if box is not None else SecretBox.ephemeral()
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # The hot path of tool calls reads no session row: what a call needs of an active session is kept here
+        # and dropped whenever this service changes the session (see _update_session).
+        self._targets: dict[str, _ToolTarget] = {}
+        self._changes = 0  # bumped by every session change; a read that overlapped one is not kept
+        self._type_configs: dict[str, WorkspaceConfig] = {}  # agent type id -> its config, for starting sessions
+        self._type_changes = 0
+        self._audit_queue: list[ToolCall] = []  # answered calls whose audit entries are not written yet
+        self._audit_writer: asyncio.Task[None] | None = None
 
     # --- agent types -------------------------------------------------------------------------------------------
 
@@ -198,6 +223,21 @@ class AgentService:
             raise AgentTypeNotFoundError(f"agent type {agent_type_id!r} does not exist", details={"id": agent_type_id})
         return record
 
+    async def _type_config(self, agent_type_id: str) -> WorkspaceConfig:
+        """The type's workspace config as sessions start with it: read once, then kept until this service changes
+        or deletes the type (a read that overlapped a change is not kept)."""
+        config = self._type_configs.get(agent_type_id)
+        if config is None:
+            changes = self._type_changes
+            config = config_from_json((await self.get_type(agent_type_id)).workspace_config)
+            if changes == self._type_changes:
+                self._type_configs[agent_type_id] = config
+        return config
+
+    def _type_changed(self, agent_type_id: str) -> None:
+        self._type_configs.pop(agent_type_id, None)
+        self._type_changes += 1
+
     async def set_config(self, agent_type_id: str, raw: object) -> AgentTypeRecord:
         """Replace the type's workspace config (validated); running sessions keep their snapshot.
 
@@ -206,7 +246,11 @@ class AgentService:
         """
         current = config_from_json((await self.get_type(agent_type_id)).workspace_config)
         config = self._seal_source(self.parse_config(raw), previous=current.repo_source)
-        record = await self.store.agent_types.update_config(agent_type_id, config.to_json(include_sealed=True))
+        self._type_changed(agent_type_id)
+        try:
+            record = await self.store.agent_types.update_config(agent_type_id, config.to_json(include_sealed=True))
+        finally:
+            self._type_changed(agent_type_id)
         if record is None:  # deleted meanwhile
             raise AgentTypeNotFoundError(f"agent type {agent_type_id!r} does not exist", details={"id": agent_type_id})
         return record
@@ -218,7 +262,11 @@ class AgentService:
             AgentTypeNotFoundError: No agent type has that id.
             AgentTypeInUseError: Sessions of the type are provisioning or active; the message names them.
         """
-        live = await self.store.agent_types.delete(agent_type_id, live=LIVE_SESSION_STATUSES)
+        self._type_changed(agent_type_id)
+        try:
+            live = await self.store.agent_types.delete(agent_type_id, live=LIVE_SESSION_STATUSES)
+        finally:
+            self._type_changed(agent_type_id)
         if live is None:
             raise AgentTypeNotFoundError(f"agent type {agent_type_id!r} does not exist", details={"id": agent_type_id})
         if live:
@@ -275,8 +323,7 @@ class AgentService:
 
         When there is nothing to check out or set up and a warm workspace matches, the session is active at once.
         """
-        agent_type = await self.get_type(agent_type_id)
-        config = config_from_json(agent_type.workspace_config)
+        config = await self._type_config(agent_type_id)
         if config.enabled and _nothing_to_prepare(config, task):
             session_id = uuid.uuid4().hex
             warm = await self.workspaces.create_if_warm(self._workspace_request(session_id, config, task))
@@ -321,7 +368,9 @@ class AgentService:
                 continue
             if _in_clear(config.repo_source.url) and config.repo_source.sealed_url is None:
                 sealed = self._seal_source(config, previous=None)
+                self._type_changed(agent_type.id)
                 await self.store.agent_types.update_config(agent_type.id, sealed.to_json(include_sealed=True))
+                self._type_changed(agent_type.id)
                 changed += 1
         for session in await self.store.sessions.list():
             try:
@@ -356,7 +405,7 @@ class AgentService:
         if any(redact_text(w) != w for w in session.warnings):
             updates["warnings"] = session.warnings
         if updates:
-            await self.store.sessions.update(session.id, **updates)
+            await self._update_session(session.id, **updates)
         return 1 if updates else 0
 
     async def resume_interrupted(self) -> list[str]:
@@ -383,7 +432,7 @@ class AgentService:
     async def _resume(self, session: SessionRecord, stale: Collection[str]) -> None:
         for workspace_id in stale:
             await self._reclaim(workspace_id)
-        await self.store.sessions.update(session.id, workspace_id=None)
+        await self._update_session(session.id, workspace_id=None)
         try:
             config = config_from_json(session.workspace_config)
             task = TaskContext.from_stored(session.task_context, self.box)
@@ -431,6 +480,7 @@ class AgentService:
     async def end(self, session_id: str) -> SessionRecord:
         """End the session and destroy its workspace (provisioning in flight is cancelled first)."""
         session = await self.get(session_id)
+        self._session_changed(session_id)  # calls from now on read the session again
         self._locks.pop(session_id, None)
         job = self._tasks.pop(session_id, None)
         if job is not None:
@@ -456,13 +506,17 @@ class AgentService:
         return await self.get(session_id)
 
     async def call_tool(self, session_id: str, tool: str, arguments: object) -> dict[str, object]:
-        """Run one tool for the session under its agent type's policy; every call lands in the audit log."""
+        """Run one tool for the session under its agent type's policy; every call lands in the audit log.
+
+        The entry is written behind the answer (:meth:`audit` and :meth:`aclose` wait for it), so the call does
+        not wait for a database commit.
+        """
         started = time.monotonic()
         status = "error"
         try:
-            toolbox = await self._toolbox(session_id, tool)
+            target = await self._tool_target(session_id, tool)
             async with self._locks.setdefault(session_id, asyncio.Lock()):  # one shell per session: calls queue
-                result = await toolbox.call(tool, arguments)
+                result = await target.toolbox.call(tool, arguments)
         except (ToolNotAllowedError, UnknownToolError, NoWorkspaceError):
             status = "refused"
             raise
@@ -470,17 +524,47 @@ class AgentService:
             status = "ok"
             return result
         finally:
-            if await self.store.sessions.get(session_id) is not None:
-                await self.store.audit.append(
-                    session_id,
-                    tool=tool[:64],
-                    arguments_summary=summarize_arguments(tool, arguments),
-                    status=status,
-                    duration_ms=(time.monotonic() - started) * 1000,
-                )
+            self._write_audit(session_id, tool[:64], summarize_arguments(tool, arguments), status, started)
 
-    async def _toolbox(self, session_id: str, tool: str) -> Toolbox:
-        session = await self.get(session_id)
+    def _write_audit(self, session_id: str, tool: str, summary: str, status: str, started: float) -> None:
+        """Queue the audit entry of a call that ends now; one writer flushes the queue (nothing is written for an
+        unknown session)."""
+        duration_ms = (time.monotonic() - started) * 1000
+        self._audit_queue.append(ToolCall(session_id, datetime.now(UTC), tool, summary, status, duration_ms))
+        if self._audit_writer is None or self._audit_writer.done():
+            self._audit_writer = asyncio.create_task(self._flush_audit(), name="audit-writer")
+
+    async def _flush_audit(self) -> None:
+        """Write what the queue holds, batch after batch, until it is empty: one writer, so calls never wait for
+        each other's commits (SQLite has one write lock) and a burst of calls costs one transaction per batch."""
+        while self._audit_queue:
+            batch, self._audit_queue = self._audit_queue, []
+            try:
+                await self.store.audit.record(batch)
+            except Exception:  # the calls were answered already; say loudly that their entries are lost
+                log.exception("%d audit entr(y/ies) could not be written", len(batch))
+
+    async def _audit_written(self) -> None:
+        """Wait until every audit entry queued so far is written."""
+        while self._audit_writer is not None and not self._audit_writer.done():
+            await asyncio.shield(self._audit_writer)
+
+    async def _tool_target(self, session_id: str, tool: str) -> _ToolTarget:
+        """The session's toolbox, after the checks every call passes: a workspace, the tool allowed, the session
+        active and not degraded, its workspace ready. The session row is read once, then kept (see
+        :meth:`_update_session`); the policy and the workspace's state are checked on every call."""
+        target = self._targets.get(session_id)
+        if target is None:
+            changes = self._changes
+            target = self._check_session(await self.get(session_id), tool)
+            if changes == self._changes:  # no change of any session while it was read: the answer is current
+                self._targets[session_id] = target
+        check_tool_allowed(tool, target.tools)
+        await self.workspaces.ensure_ready(target.workspace_id)
+        return target
+
+    def _check_session(self, session: SessionRecord, tool: str) -> _ToolTarget:
+        session_id = session.id
         config = config_from_json(session.workspace_config)
         if not config.enabled:
             raise NoWorkspaceError(
@@ -495,12 +579,25 @@ class AgentService:
             raise SessionDegradedError(
                 f"session {session_id} has no workspace: {session.degraded_reason or 'provisioning failed'}"
             )
-        await self.workspaces.ensure_ready(session.workspace_id)
-        return Toolbox(self.workspaces.runtime, session.workspace_id, session_id=session_id)
+        toolbox = Toolbox(self.workspaces.runtime, session.workspace_id, session_id=session_id)
+        return _ToolTarget(session.workspace_id, frozenset(config.tools), toolbox)
+
+    async def _update_session(self, session_id: str, **fields: Any) -> SessionRecord | None:
+        """``store.sessions.update``, and what tool calls keep of the session dropped before and after."""
+        self._session_changed(session_id)
+        try:
+            return await self.store.sessions.update(session_id, **fields)
+        finally:
+            self._session_changed(session_id)
+
+    def _session_changed(self, session_id: str) -> None:
+        self._targets.pop(session_id, None)
+        self._changes += 1
 
     async def audit(self, session_id: str) -> list[AuditEntry]:
-        """The session's tool calls, oldest first."""
+        """The session's tool calls, oldest first, up to the call answered last."""
         await self.get(session_id)
+        await self._audit_written()
         return await self.store.audit.list(session_id)
 
     async def aclose(self) -> None:
@@ -513,6 +610,7 @@ class AgentService:
         for job in list(self._tasks.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
+        await self._audit_written()  # every call answered has its entry before the store closes
 
     # --- provisioning ------------------------------------------------------------------------------------------
 
@@ -542,7 +640,7 @@ class AgentService:
                 workspace_id = record.id
                 tried.add(record.provider or "")
                 # Recorded at once, so that a server killed from here on finds (and reclaims) it when it restarts.
-                await self.store.sessions.update(session_id, workspace_id=workspace_id)
+                await self._update_session(session_id, workspace_id=workspace_id)
                 setup_key = await self._check_out(workspace_id, config, repo, setup_key)
                 warnings = [redact_text(w) for w in await self._run_setup(workspace_id, config)]
             except Exception as exc:
@@ -555,7 +653,7 @@ class AgentService:
                 if workspace_id is not None:
                     try:
                         await self.workspaces.discard(workspace_id)
-                        await self.store.sessions.update(session_id, workspace_id=None)
+                        await self._update_session(session_id, workspace_id=None)
                     except CorralError as cleanup:  # still end provisioning; the reaper or a restart cleans up
                         log.warning("session %s: could not discard %s: %s", session_id, workspace_id, cleanup)
                 if isinstance(exc, NOT_RETRIED) or not isinstance(exc, CorralError):
@@ -641,7 +739,7 @@ class AgentService:
         except Exception as exc:  # whatever went wrong, the session still gets a workspace: set it up as usual
             log.warning("session %s: setup snapshot %s not restored (%s); setting up", session_id, snapshot.id, exc)
             return False
-        await self.store.sessions.update(session_id, workspace_id=record.id)
+        await self._update_session(session_id, workspace_id=record.id)
         await self._finish(session_id, status="active", workspace_id=record.id)
         how = "from its warm pool" if record.from_warm_pool else "restored now"
         log.info(
@@ -678,7 +776,7 @@ class AgentService:
         config = dict(session.workspace_config)
         if isinstance(source := config.get("repo_source"), Mapping):
             config["repo_source"] = {k: v for k, v in source.items() if k != "sealed_url"}
-        return await self.store.sessions.update(session_id, task_context=task, workspace_config=config, **fields)
+        return await self._update_session(session_id, task_context=task, workspace_config=config, **fields)
 
     async def _fail(self, session_id: str, failures: list[str], *, retried: bool) -> None:
         """End provisioning without a workspace: the session is active and degraded, and says why."""

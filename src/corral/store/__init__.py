@@ -7,7 +7,7 @@ SQLite (a file in the data directory) by default, PostgreSQL by URL. Open with `
 """
 
 from corral.store.agent_types import AgentTypeRepository
-from corral.store.audit import AuditRepository
+from corral.store.audit import AuditRepository, ToolCall
 from corral.store.db import alembic_config, async_url, create_engine, migrate
 from corral.store.records import (
     UNSET,
@@ -43,6 +43,7 @@ __all__ = [
     "SnapshotRepository",
     "SnapshotStatus",
     "Store",
+    "ToolCall",
     "Unset",
     "WorkspaceRecord",
     "WorkspaceRepository",
