@@ -153,14 +153,56 @@ def _children(pid: int) -> list[str]:
 
 
 def test_finished_commands_leave_no_zombies_behind(spawner_process: tuple[str, int]) -> None:
-    """Handlers and commands are reaped: after many commands the spawner has no children left, defunct or not."""
+    """Handlers and commands are reaped: after many commands the spawner's only child is its idle handler (forked
+    ahead of the next request), nothing defunct."""
     path, pid = spawner_process
     for _ in range(20):
         assert _run(path, ["true"])[0] == 0
     deadline = time.monotonic() + 5
-    while children := _children(pid):  # a handler may still be on its way out
-        assert time.monotonic() < deadline, f"children left under the spawner: {children}"
+    while (children := _children(pid)) != ["S"]:  # a handler may still be on its way out
+        assert time.monotonic() < deadline, f"children under the spawner: {children}"
         time.sleep(0.05)
+
+
+def test_an_idle_handler_killed_is_replaced_and_dies_with_the_spawner(spawner_binary: Path, tmp_path: Path) -> None:
+    """Anyone in the workspace may kill the idle handler: the next command still starts. And once the spawner is
+    gone, no idle handler is left waiting on its socket."""
+    path = str(tmp_path / "spawner.sock")
+    proc = subprocess.Popen([spawner_binary, path])
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(path) or not _pids_under(proc.pid):
+            assert time.monotonic() < deadline, "the spawner never forked its idle handler"
+            time.sleep(0.01)
+        killed = _pids_under(proc.pid)
+        for idle in killed:
+            os.kill(idle, signal.SIGKILL)
+        while not (_pids_under(proc.pid) and set(_pids_under(proc.pid)).isdisjoint(killed)):
+            assert time.monotonic() < deadline, "the killed handler was not replaced"
+            time.sleep(0.01)
+        assert _run(path, ["sh", "-c", "echo again"])[:2] == (0, b"again\n")
+        survivors = _pids_under(proc.pid)
+        assert survivors
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{pid}") and _state(pid) != "Z" for pid in survivors):
+        assert time.monotonic() < deadline, "an idle handler outlived the spawner"
+        time.sleep(0.05)
+
+
+def _pids_under(pid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-eo", "ppid=,pid="], capture_output=True, text=True, check=True).stdout
+    return [int(line.split()[1]) for line in ps.splitlines() if int(line.split()[0]) == pid]
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
 
 
 def test_a_command_runs_as_the_user_and_group_asked_for(spawner: str) -> None:

@@ -55,17 +55,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
-import dataclasses
 import errno
 import fcntl
-import fnmatch
-import glob as globlib
 import json
 import os
 import queue
 import re
 import select
-import shutil
 import signal
 import socket
 import stat as statlib
@@ -77,6 +73,9 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any, BinaryIO, TypeVar
+
+# Imported where used, not here: shutil, glob and fnmatch (only some operations need them) and dataclasses (it pulls
+# in inspect, ast and dis). Each module the agent loads stays in its memory, in every workspace, while it runs.
 
 PROTOCOL_VERSION = 2
 LOADER_VARIABLES = (
@@ -619,6 +618,8 @@ class Agent:
         st = os.lstat(path)
         if statlib.S_ISDIR(st.st_mode):
             if h.get("recursive"):
+                import shutil  # noqa: PLC0415 - lazy: see the imports
+
                 shutil.rmtree(path)
             else:
                 os.rmdir(path)
@@ -662,6 +663,8 @@ class Agent:
         if not os.path.isdir(root):
             raise FileNotFoundError(errno.ENOENT, "no such directory", root)
         paths: list[str] = []
+        import glob as globlib  # noqa: PLC0415 - lazy: see the imports
+
         for rel in globlib.iglob(pattern, root_dir=root, recursive=True, include_hidden=h.get("hidden", False)):
             paths.append(os.path.normpath(os.path.join(root, rel)))
             if len(paths) > limit:
@@ -1446,6 +1449,8 @@ def delete_beneath(h: Header) -> Header:
             raise OSError(errno.EBUSY, "refusing to delete the directory the path ends in", h["path"])
         if statlib.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
             if h.get("recursive"):
+                import shutil  # noqa: PLC0415 - lazy: see the imports
+
                 shutil.rmtree(name, dir_fd=dir_fd)  # fd-based: it never follows a symlink either
             else:
                 os.rmdir(name, dir_fd=dir_fd)
@@ -1557,6 +1562,8 @@ def _glob_walk(fd: int, prefix: str, parts: list[str], *, hidden: bool, dirs_onl
                 yield from _glob_into(fd, name, prefix, parts, hidden=hidden, dirs_only=dirs_only)
         return
     if _GLOB_MAGIC.search(head):
+        import fnmatch  # noqa: PLC0415 - lazy: see the imports
+
         show_hidden = hidden or head.startswith(".")
         candidates = [
             (n, d) for n, d in _scan(fd) if fnmatch.fnmatchcase(n, head) and (show_hidden or not n.startswith("."))
@@ -1685,15 +1692,13 @@ def not_dumpable() -> None:
 SPAWNER_SOCKET = "/run/corral/spawner.sock"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
 class Account:
     """A user of the workspace, as its /etc/passwd names it."""
 
-    name: str
-    uid: int
-    gid: int
-    home: str
-    shell: str
+    __slots__ = ("gid", "home", "name", "shell", "uid")
+
+    def __init__(self, name: str, uid: int, gid: int, home: str, shell: str) -> None:
+        self.name, self.uid, self.gid, self.home, self.shell = name, uid, gid, home, shell
 
     def env(self) -> dict[str, str]:
         """What login sets for this user (E2B sets the same for a command's user)."""
@@ -1737,6 +1742,17 @@ SPAWNER_MESSAGE_MAX = 64 * 1024
 _SPAWN_ERRORS = {errno.ENOENT: FileNotFoundError, errno.EACCES: PermissionError}
 
 
+_null_fd: int | None = None
+
+
+def _devnull() -> int:
+    """A descriptor of /dev/null, opened once: every command's stdin."""
+    global _null_fd  # noqa: PLW0603 - one descriptor for the agent's lifetime
+    if _null_fd is None:
+        _null_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    return _null_fd
+
+
 class Spawned:
     """A command the spawner started: ``pid``, ``stdout``/``stderr`` (pipes to the agent), and Popen's ``poll`` and
     ``wait``, answered by the spawner's connection (it sends the exit status when the command ends)."""
@@ -1776,23 +1792,23 @@ class Spawned:
         if terminal is None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            null = os.open(os.devnull, os.O_RDONLY)
-            given, ours = [null, out_w, err_w], [out_r, err_r]
+            given, ours, closed = [_devnull(), out_w, err_w], [out_r, err_r], [out_w, err_w]
         else:
-            given, ours = [terminal] * 3, []
+            given, ours, closed = [terminal] * 3, [], []
         try:
             request = b"".join(item.encode("utf-8", "surrogateescape") + b"\0" for item in strings)
-            socket.send_fds(sock, [struct.pack(">I", len(request))], given)
-            sock.sendall(request)
+            # One message: every system call costs tens of microseconds under gVisor's ptrace platform.
+            sent = socket.send_fds(sock, [struct.pack(">I", len(request)), request], given)
+            if sent < len(request) + 4:
+                sock.sendall((struct.pack(">I", len(request)) + request)[sent:])
         except OSError:
             for fd in ours:
                 os.close(fd)
             sock.close()
             raise
         finally:
-            if terminal is None:
-                for fd in given:
-                    os.close(fd)
+            for fd in closed:
+                os.close(fd)
         if terminal is None:
             spawned = cls(sock, 0, os.fdopen(out_r, "rb", 0), os.fdopen(err_r, "rb", 0))
         else:

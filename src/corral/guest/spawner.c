@@ -17,8 +17,12 @@
  *            argv..., env...
  *   replies: "pid <pid>\n", or "error <stage> <errno>\n" (stage: cwd, user, exec or fork) and the connection ends;
  *            then "exit <status>\n" when the command ends (its exit status, or minus the signal that killed it).
- * Each connection is served by a forked handler, so a slow or hostile client holds only its own handler; the main
- * loop only accepts. Handlers are not left as zombies (SA_NOCLDWAIT); each handler waits for its own command.
+ * Each connection is served by its own handler process, so a slow or hostile client holds only its own handler.
+ * Handlers are forked ahead of the request: POOL_SIZE idle handlers wait in accept() themselves, and the one that takes
+ * a connection tells the main loop (a byte on a pipe), which forks its replacement; at request time only the command
+ * is started, with vfork, so no fork (under gVisor's ptrace platform a new address space, about 1.5 ms) is on the
+ * request's path. When no handler can be forked (the pids limit), the main loop answers "error fork" itself.
+ * Handlers are not left as zombies (SA_NOCLDWAIT); each handler waits for its own command.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,7 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -41,6 +47,7 @@
 #define REQUEST_MAX (4 * 1024 * 1024)
 #define COUNT_MAX (1 << 20)
 #define REQUEST_TIMEOUT_S 10
+#define POOL_SIZE 1 /* idle handlers: each is a process (and, under ptrace, a host stub) of an idle workspace */
 
 extern char **environ;
 
@@ -85,7 +92,8 @@ struct command {
     char **argv, **envp;
 };
 
-/* In the forked command: become its own session, take the three descriptors (and the terminal), change directory,
+/* In the vforked command (it shares the handler's memory until it execs or exits, so it only makes system calls and
+   writes its own locals): become its own session, take the three descriptors (and the terminal), change directory,
    drop to the user, exec. On failure, the stage and errno go to the handler through a close-on-exec pipe (an exec
    that works closes it empty). */
 static void run_command(int fds[3], const struct command *cmd, int status_fd) {
@@ -164,7 +172,7 @@ static void serve(int conn) {
         reply(conn, "error fork", errno);
         return;
     }
-    pid_t pid = fork();
+    pid_t pid = vfork(); /* the handler waits (a few microseconds) until the command has exec'd or failed */
     if (pid == 0) run_command(fds, &cmd, status[1]);
     int fork_errno = errno;
     for (int i = 0; i < 3; i++) close(fds[i]);
@@ -197,12 +205,31 @@ static void serve(int conn) {
     reply(conn, "exit", WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -WTERMSIG(wstatus));
 }
 
+/* An idle handler: take the next connection, tell the main loop (a byte on its pipe: it forks a replacement) and
+   serve it. While idle it dies with the main loop (the workspace is gone then; on the host, a test's spawner leaves
+   none behind). */
+static void handler(int server, int taken, pid_t main_loop) {
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigaction(SIGCHLD, &dfl, NULL); /* the handler waits for its own command */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != main_loop) _exit(0); /* the main loop died before the line above */
+    int conn;
+    while ((conn = accept4(server, NULL, NULL, SOCK_CLOEXEC)) < 0) {
+        if (errno != EINTR && errno != ECONNABORTED) usleep(10000); /* EMFILE and the like: do not spin */
+    }
+    prctl(PR_SET_PDEATHSIG, 0);
+    (void)!write(taken, "", 1);
+    close(server);
+    close(taken);
+    serve(conn);
+    _exit(0);
+}
+
 /* Usage: spawner [SOCKET] (the default is /run/corral/spawner.sock; tests run it on the host with their own path). */
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : SOCKET_PATH;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     struct sigaction no_zombies = {.sa_handler = SIG_DFL, .sa_flags = SA_NOCLDWAIT};
-    struct sigaction dfl = {.sa_handler = SIG_DFL};
 
     int fd;
     while ((fd = open("/dev/null", O_RDWR)) >= 0 && fd < 3) {
@@ -225,19 +252,50 @@ int main(int argc, char **argv) {
         return 1;
     }
     sigaction(SIGCHLD, &no_zombies, NULL);
+    pid_t main_loop = getpid();
+    /* One pipe per idle handler: a byte when it took a connection, end of file when it died idle (anyone in the
+       workspace may kill it); either way its slot is free and a replacement is forked. */
+    struct pollfd slots[POOL_SIZE + 1];
+    for (int i = 0; i < POOL_SIZE; i++) slots[i] = (struct pollfd){.fd = -1, .events = POLLIN};
+    slots[POOL_SIZE] = (struct pollfd){.fd = server, .events = POLLIN};
     for (;;) {
-        int conn = accept4(server, NULL, NULL, SOCK_CLOEXEC);
-        if (conn < 0) {
-            if (errno != EINTR && errno != ECONNABORTED) usleep(10000); /* EMFILE and the like: do not spin */
-            continue;
+        int idle = 0, fork_errno = 0;
+        for (int i = 0; i < POOL_SIZE; i++) {
+            int taken[2];
+            if (slots[i].fd < 0 && fork_errno == 0) {
+                if (pipe2(taken, O_CLOEXEC) != 0) {
+                    fork_errno = errno;
+                    break;
+                }
+                pid_t pid = fork();
+                if (pid == 0) {
+                    for (int j = 0; j < POOL_SIZE; j++)
+                        if (slots[j].fd >= 0) close(slots[j].fd);
+                    close(taken[0]);
+                    handler(server, taken[1], main_loop);
+                }
+                fork_errno = pid < 0 ? errno : 0;
+                close(taken[1]);
+                if (pid > 0) slots[i].fd = taken[0];
+                else close(taken[0]);
+            }
+            idle += slots[i].fd >= 0;
         }
-        pid_t handler = fork();
-        if (handler == 0) {
-            close(server);
-            sigaction(SIGCHLD, &dfl, NULL); /* the handler waits for its own command */
-            serve(conn);
-            _exit(0);
+        /* Without an idle handler (no fork possible: the pids limit), a waiting connection is answered here, since
+           its command could not start either; polling again after 10 ms keeps a full pids table from spinning. */
+        if (poll(slots, idle > 0 ? POOL_SIZE : POOL_SIZE + 1, idle < POOL_SIZE ? 10 : -1) < 0) continue;
+        for (int i = 0; i < POOL_SIZE; i++) {
+            if (slots[i].fd >= 0 && slots[i].revents != 0) {
+                close(slots[i].fd);
+                slots[i].fd = -1;
+            }
         }
-        close(conn);
+        if (idle == 0 && (slots[POOL_SIZE].revents & POLLIN)) {
+            int conn = accept4(server, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (conn >= 0) {
+                reply(conn, "error fork", fork_errno ? fork_errno : EAGAIN);
+                close(conn);
+            }
+        }
     }
 }
