@@ -20,7 +20,7 @@ from pathlib import Path
 from bench.context import Bench
 from bench.latency import TRUE
 from bench.plain import memory_usage
-from bench.report import Row
+from bench.report import Row, Target
 from bench.stats import Measure, Samples
 from corral.providers.docker import container_name
 
@@ -29,6 +29,11 @@ __all__ = ["idle_memory"]
 SETTLE_S = 1.0
 """Pause before reading MemAvailable, so starting and exiting processes are done."""
 MIB = 1024**2
+IDLE_CLOSE_S = 1.0
+"""CORRAL_AGENT_IDLE_CLOSE_S of the workspaces measured with their agent closed for idleness (servers default to
+60 s; the bench waits a shorter while)."""
+TARGET_ABOVE_PLAIN_MIB = 5.0
+"""The issue's target: an idle workspace costs at most this much host PSS above plain runsc."""
 
 
 def mem_available() -> int:
@@ -99,23 +104,29 @@ async def _idle_group(
     create: Callable[[], Awaitable[str]],
     remove: Callable[[str], Awaitable[None]],
     container_of: Callable[[str], str],
+    idle: Callable[[list[str]], Awaitable[None]] | None = None,
 ) -> _Group:
     """Create ``n`` idle workspaces, measure them, remove them. No warm-up round: the scenarios before this one
     created plenty of both kinds, so images and binaries are in the page cache.
 
     The MemAvailable drop is taken against the mean of before creating and after removing them all, which cancels
-    a steady drift of everything else on the machine."""
+    a steady drift of everything else on the machine. ``idle`` runs on the handles once all are created, before
+    anything is measured, and again (to time the next call, say) once measured."""
     engine = bench.plain.engine
     before = await settled_mem_available()
     created: list[str] = []
     try:
         for _ in range(n):
             created.append(await create())
+        if idle is not None:
+            await idle(created)
         during = await settled_mem_available()
         containers = [container_of(handle) for handle in created]
         usages = await asyncio.gather(*(memory_usage(engine, c) for c in containers))
         ids = [str((await engine.request("GET", f"/containers/{c}/json"))["Id"]) for c in containers]
         pss = host_pss(ids)
+        if idle is not None:
+            await idle(created)
     finally:
         while created:
             await remove(created.pop())
@@ -154,9 +165,32 @@ async def idle_memory(bench: Bench) -> None:
     async def plain_remove(container: str) -> None:
         await bench.plain.engine.remove_container(container)
 
+    after_close, agent_up = Samples(), Samples()
+    waited = False
+
+    async def idle_close(created: list[str]) -> None:
+        """First: wait until every agent was closed for idleness. Then: time the next call (it starts an agent) and
+        the one after it (agent up)."""
+        nonlocal waited
+        if not waited:
+            waited = True
+            await asyncio.sleep(2 * IDLE_CLOSE_S + SETTLE_S)
+            return
+        for workspace_id in created:
+            with after_close.time():
+                await gvisor.exec(workspace_id, TRUE)
+            with agent_up.time():
+                await gvisor.exec(workspace_id, TRUE)
+
     corral = await _idle_group(bench, n, corral_create, gvisor.destroy, container_name)
+    gvisor.agent_idle_close_s = IDLE_CLOSE_S
+    try:
+        closed = await _idle_group(bench, n, corral_create, gvisor.destroy, container_name, idle_close)
+    finally:
+        gvisor.agent_idle_close_s = 0.0
     plain = await _idle_group(bench, n, plain_create, plain_remove, str)
     available = corral.available_before
+    above = closed.pss.measure().p50 - plain.pss.measure().p50
 
     def fits(group: _Group) -> Measure:
         """MemAvailable over the larger (more cautious) of the two host-side figures per workspace."""
@@ -164,22 +198,40 @@ async def idle_memory(bench: Bench) -> None:
         return Measure.single(available / MIB / each, "")
 
     plain_label = f"runsc `sleep infinity`, no agent (N={n})"
+    prefix = "idle gVisor workspace memory"
     bench.rows += [
+        Row(f"{prefix}: cgroup (docker stats), agent up", corral.cgroup.measure(), plain.cgroup.measure(), plain_label),
+        Row(f"{prefix}: host PSS of its processes, agent up", corral.pss.measure(), plain.pss.measure(), plain_label),
         Row(
-            "idle gVisor workspace memory: cgroup (docker stats)",
-            corral.cgroup.measure(),
-            plain.cgroup.measure(),
-            plain_label,
-        ),
-        Row(
-            "idle gVisor workspace memory: host PSS of its processes",
-            corral.pss.measure(),
+            f"{prefix}: host PSS of its processes, agent closed (idle)",
+            closed.pss.measure(),
             plain.pss.measure(),
             plain_label,
+            Target(
+                f"<= plain + {TARGET_ABOVE_PLAIN_MIB:g} MiB (p50)", above <= TARGET_ABOVE_PLAIN_MIB, f"+{above:.1f} MiB"
+            ),
         ),
-        Row("idle gVisor workspace memory: MemAvailable drop / N", _drop(corral), _drop(plain), plain_label),
+        Row(f"{prefix}: MemAvailable drop / N, agent up", _drop(corral), _drop(plain), plain_label),
+        Row(f"{prefix}: MemAvailable drop / N, agent closed (idle)", _drop(closed), _drop(plain), plain_label),
         Row(
-            "idle gVisor workspaces that fit in MemAvailable", fits(corral), fits(plain), plain_label, show_ratio=False
+            "idle gVisor workspaces that fit in MemAvailable, agent up",
+            fits(corral),
+            fits(plain),
+            plain_label,
+            show_ratio=False,
+        ),
+        Row(
+            "idle gVisor workspaces that fit in MemAvailable, agent closed (idle)",
+            fits(closed),
+            fits(plain),
+            plain_label,
+            show_ratio=False,
+        ),
+        Row(
+            "exec `true` after the agent was closed (idle), gVisor, provider",
+            after_close.measure(),
+            agent_up.measure(),
+            "the next exec `true` (agent up)",
         ),
     ]
     bench.notes.append(
@@ -191,5 +243,8 @@ async def idle_memory(bench: Bench) -> None:
         "with all N running against the mean of before creating and after removing them "
         f"({SETTLE_S:g} s settle, median of 5 reads), divided by N, noisy when other work runs on the machine. Fit "
         f"= MemAvailable at the start of this step ({available / 1024**3:.1f} GiB) / the larger of host PSS p50 and "
-        "the MemAvailable drop; memory limits (4G by default) are ceilings, not reservations."
+        'the MemAvailable drop; memory limits (4G by default) are ceilings, not reservations. "Agent closed '
+        f'(idle)": another N workspaces that each ran one `true` and then none for CORRAL_AGENT_IDLE_CLOSE_S '
+        f"({IDLE_CLOSE_S:g} s here, 60 s by default), so their agent and its `runsc exec` ended; then each ran "
+        "`true` twice: the first call starts a fresh agent, the second finds it up."
     )

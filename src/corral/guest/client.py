@@ -196,6 +196,11 @@ class GuestConnection:
         return self._closed
 
     @property
+    def in_flight(self) -> int:
+        """Requests still open: running commands, terminals, reads, watches and tunnels included."""
+        return len(self._pending)
+
+    @property
     def features(self) -> frozenset[str]:
         """What the agent's hello said it can do beyond its protocol version (empty until the hello arrived)."""
         if not self._hello.done() or self._hello.cancelled() or self._hello.exception() is not None:

@@ -110,7 +110,7 @@ import os, runpy, shutil, subprocess, sys, sysconfig
 out = "/.corral"
 # Load the agent's module (not its main) so every shared object it needs is mapped, then read the map.
 runpy.run_path(out + "/agent.py", run_name="corral_agent_probe")
-import ctypes  # noqa: the agent may use it
+import ctypes, glob  # noqa: the agent may use them (glob and shutil, imported above, only when an op needs them)
 mapped = set()
 with open("/proc/self/maps") as maps:
     for line in maps:
@@ -153,7 +153,7 @@ skip = shutil.ignore_patterns(
 shutil.copytree(stdlib, out + "/lib/" + os.path.basename(stdlib), ignore=skip, symlinks=False)
 # The copy must run on its own: every object the agent's interpreter maps lies inside /.corral.
 probe = (
-    "import runpy; runpy.run_path('/.corral/agent.py', run_name='corral_agent_probe'); import ctypes;"
+    "import runpy; runpy.run_path('/.corral/agent.py', run_name='corral_agent_probe'); import ctypes, glob, shutil;"
     "print(' '.join(l.split()[5] for l in open('/proc/self/maps') if len(l.split()) >= 6))"
 )
 probe += "; import sys; print('PREFIX=' + sys.prefix)"

@@ -135,6 +135,11 @@ class DockerProvider(AgentBackedProvider):
     memory_checkpoints = False
     """Whether the runtime checkpoints processes and memory (runsc does; runc would need CRIU, which cannot
     checkpoint on these hosts' kernels). Without it, pause is a stop and snapshots hold files only."""
+    agent_idle_close_s: float = 0.0
+    """Close a workspace's agent stream after this many seconds without a call, once the agent has served one
+    (CORRAL_AGENT_IDLE_CLOSE_S; 0: never). The agent and the host's ``docker exec`` process behind the stream end (the
+    `runsc exec` and the agent's memory under gVisor); the next call starts a fresh agent, as after a pause. An agent
+    started ahead of its first call (at create, resume, in a warm pool) waits for that call."""
 
     def __init__(
         self,
@@ -171,6 +176,9 @@ class DockerProvider(AgentBackedProvider):
         self._generations: dict[str, int] = {}  # workspace id -> how many starts this process made for it
         self._started_ns: dict[str, int] = {}  # workspace id -> when this process last started its container
         self._agent_execs: dict[str, str] = {}  # workspace id -> the exec id of its agent
+        self._agent_used: dict[str, float] = {}  # workspace id -> monotonic time of its agent's last call
+        self._idle_task: asyncio.Task[None] | None = None
+        self._idle_closed: set[str] = set()  # workspaces whose agent stream was closed for idleness
         self._docker_root: Path | None = None
         self._warmup_slots = asyncio.Semaphore(WARMUP_CONCURRENCY)
 
@@ -641,6 +649,16 @@ class DockerProvider(AgentBackedProvider):
             f"workspace {workspace_id} has no network address (network isolated)", details={"id": workspace_id}
         )
 
+    async def disk_usage(self, workspace_id: str) -> int:
+        """Bytes used under /workspace. A background check (the disk watcher's, the metrics') does not start an agent
+        closed for idleness again: the volume is then counted on the host, as :meth:`snapshot_estimate` counts it."""
+        if workspace_id in self._idle_closed and workspace_id not in self._agents:
+            await self._require_running(workspace_id)
+            volume = await self._call(self.engine.inspect_volume(volume_name(workspace_id)))
+            if volume:
+                return await asyncio.to_thread(tree_size, Path(volume["Mountpoint"]))
+        return await super().disk_usage(workspace_id)
+
     async def snapshot_estimate(self, workspace_id: str) -> int:
         """What a snapshot would hold, measured before it is taken: the writable layer as ``docker commit`` writes it
         (sparse files in full), the volume's allocated bytes, and under gVisor the memory the workspace uses now."""
@@ -771,9 +789,39 @@ class DockerProvider(AgentBackedProvider):
         # Bounded: an agent start costs ~0.3 s of CPU under gVisor, and 50 at once would starve the creates.
         async with self._warmup_slots:
             with contextlib.suppress(CorralError, GuestConnectionLost):
-                await self._agent(workspace_id)
+                await self._connect(workspace_id)
 
     async def _agent(self, workspace_id: str) -> GuestConnection:
+        conn = await self._connect(workspace_id)
+        if self.agent_idle_close_s > 0:
+            self._agent_used[workspace_id] = time.monotonic()
+            if self._idle_task is None or self._idle_task.done():
+                self._idle_task = asyncio.create_task(self._close_idle_agents(), name=f"{self.name}-agent-idle")
+        return conn
+
+    async def _close_idle_agents(self) -> None:
+        """Close the streams of agents that have served a call and then none for :attr:`agent_idle_close_s`; a
+        request still open (a running command, a terminal, a watch, a tunnel) counts as a call until it ends."""
+        while self._agent_used:
+            await asyncio.sleep(max(self.agent_idle_close_s / 4, 0.05))
+            now = time.monotonic()
+            for workspace_id, used in list(self._agent_used.items()):
+                conn = self._agents.get(workspace_id)
+                if conn is None or conn.closed:
+                    self._agent_used.pop(workspace_id, None)
+                elif conn.in_flight:
+                    self._agent_used[workspace_id] = now
+                elif now - used >= self.agent_idle_close_s:
+                    async with self._agent_locks.setdefault(workspace_id, asyncio.Lock()):
+                        if self._agents.get(workspace_id) is not conn or self._agent_used.get(workspace_id) != used:
+                            continue  # reconnected, or called meanwhile
+                        del self._agents[workspace_id]
+                        del self._agent_used[workspace_id]
+                        self._idle_closed.add(workspace_id)
+                    log.debug("workspace %s: agent idle for %g s; closing its stream", workspace_id, now - used)
+                    await conn.aclose()
+
+    async def _connect(self, workspace_id: str) -> GuestConnection:
         conn = self._agents.get(workspace_id)
         if conn is not None and not conn.closed:
             return conn
@@ -820,6 +868,7 @@ class DockerProvider(AgentBackedProvider):
                 await asyncio.shield(conn.aclose())
                 raise
             self._agents[workspace_id] = conn
+            self._idle_closed.discard(workspace_id)
             self._ensure_event_watch()
             return conn
 
@@ -881,6 +930,8 @@ class DockerProvider(AgentBackedProvider):
                 await warmup
         conn = self._agents.pop(workspace_id, None)
         self._agent_locks.pop(workspace_id, None)
+        self._agent_used.pop(workspace_id, None)
+        self._idle_closed.discard(workspace_id)
         if conn is not None:
             await conn.aclose()
 
@@ -945,10 +996,11 @@ class DockerProvider(AgentBackedProvider):
         for workspace_id in {*self._agents, *self._warmups}:
             await self._drop_agent(workspace_id)
         await self.egress.aclose()
-        if self._events_task is not None:
-            self._events_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._events_task
+        for task in (self._events_task, self._idle_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.engine.aclose()
 
     # --- errors ----------------------------------------------------------------------------------------------------

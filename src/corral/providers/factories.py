@@ -57,6 +57,7 @@ def _limited(provider: _P, settings: Settings) -> _P:
     provider.egress_always_deny = parse_always_deny(settings.egress_always_deny)
     provider.max_concurrent_execs = settings.max_concurrent_execs
     provider.max_queued_execs = settings.max_queued_execs
+    provider.agent_idle_close_s = settings.agent_idle_close_s
     return provider
 
 
