@@ -112,8 +112,12 @@ def test_shell_runs_full_screen_programs_resizes_and_exits_with_the_remote_code(
 
     tmux.keys("-l", "sleep 300")
     tmux.keys("Enter")
+    # Ctrl-C once sleep runs, as a person would: pressed while bash is still starting it, the terminal's SIGINT goes
+    # to bash's own process group and sleep keeps running (bash's race, as in any terminal).
+    _wait_for_process(server, workspace, "sleep", running=True)
     tmux.keys("C-c")
     _prompt_after(tmux, "alive2")  # the shell survived Ctrl-C: it went to the remote sleep, not the CLI
+    _wait_for_process(server, workspace, "sleep", running=False)
 
     tmux.keys("-l", "printf 'line %s\\n' $(seq 1 200) > /workspace/long.txt; less /workspace/long.txt")
     tmux.keys("Enter")
@@ -147,6 +151,18 @@ def test_shell_runs_full_screen_programs_resizes_and_exits_with_the_remote_code(
     while time.monotonic() < deadline and len(_lines(status)) < 2:
         time.sleep(0.1)
     assert _lines(status) == ["5", "restored"], tmux.screen()
+
+
+def _wait_for_process(server: Server, workspace: str, name: str, *, running: bool, deadline_s: float = 60) -> None:
+    """Wait until a process called ``name`` runs in the workspace (or, ``running`` False, none does)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        found = server.client.post(f"{API}/{workspace}/exec", json={"command": f"pgrep -x {shlex.quote(name)}"})
+        assert found.status_code == 200, found.text
+        if (found.json()["exit_code"] == 0) == running:
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{name} {'never ran' if running else 'still runs'} after {deadline_s} s")
 
 
 def _lines(path: Path) -> list[str]:
