@@ -64,12 +64,18 @@ async def make_repo(tools: Toolbox) -> None:
 # --- bash -----------------------------------------------------------------------------------------------------------
 
 
-async def test_bash_cd_export_and_unset_carry_over(tools: Toolbox) -> None:
-    """cd, export and unset in one call are visible in the next; unexported variables are not."""
+async def test_bash_cd_export_and_unset_carry_over(workspace: tuple[GVisorProvider, str], tools: Toolbox) -> None:
+    """cd, export and unset in one call are visible in the next, in one shell process; unexported variables and
+    functions too while that shell lives, but only the exported ones and the directory after it was replaced."""
     first = await tools.bash({"command": "pwd; mkdir -p /workspace/sub && cd sub && export FOO='a b' && LOCAL=1"})
     assert first == {"exit_code": 0, "stdout": "/workspace\n", "stderr": "", "timed_out": False, "truncated": False}
-    second = await tools.bash({"command": 'pwd; echo "$FOO"; echo "${LOCAL-unset}"; unset FOO'})
-    assert second["stdout"] == "/workspace/sub\na b\nunset\n"
+    shell = (await tools.bash({"command": "f() { echo in-f; }; echo $$"}))["stdout"]
+    second = await tools.bash({"command": 'pwd; echo "$FOO"; echo "${LOCAL-unset}"; f; echo $$'})
+    assert second["stdout"] == f"/workspace/sub\na b\n1\nin-f\n{shell}"
+    await _end_shells(*workspace)
+    restarted = await tools.bash({"command": 'pwd; echo "$FOO"; echo "${LOCAL-unset}"; unset FOO; echo $$'})
+    assert restarted["stdout"].split("\n")[:3] == ["/workspace/sub", "a b", "unset"]
+    assert restarted["stdout"].split("\n")[3] != shell.strip()
     third = await tools.bash({"command": 'echo "${FOO-gone}"; cd -'})
     assert third["stdout"] == "gone\n/workspace\n"
     await tools.bash({"command": "export PATH=/nowhere"})
@@ -96,6 +102,13 @@ async def test_bash_set_e_failure_saves_state_and_a_vanished_cwd_is_reported(too
     moved = await tools.bash({"command": 'pwd; echo "$KEPT"'})
     assert moved["stdout"] == "/workspace\nyes\n"
     assert moved["stderr"] == "corral: the working directory /workspace/gone is gone; starting in /workspace\n"
+
+
+async def _end_shells(provider: GVisorProvider, workspace_id: str) -> None:
+    """Kill the workspace's persistent shells (as the idle close of their agent would end them): the next call
+    starts a fresh shell, which reads the state saved on disk."""
+    kill = ExecRequest("pkill -KILL -f '__corral_[d]ir'")  # the pattern does not match this command itself
+    assert (await provider.exec(workspace_id, kill)).exit_code == 0
 
 
 async def _newest_slot(provider: GVisorProvider, workspace_id: str) -> tuple[int, str]:
@@ -145,10 +158,12 @@ async def test_bash_state_cut_short_mid_save_is_ignored(workspace: tuple[GVisorP
         slot, torn = await newer()
         cut = torn.index(where) + 2
         await _put(provider, workspace_id, slot, torn[:cut])
+        await _end_shells(provider, workspace_id)
         result = await tools.bash({"command": 'pwd; echo "$KEPT"'})
         assert (result["stdout"], result["stderr"]) == ("/tmp\nbefore\n", ""), where
     slot, torn = await newer()
     await _put(provider, workspace_id, slot, torn)
+    await _end_shells(provider, workspace_id)
     assert (await tools.bash({"command": 'pwd; echo "$KEPT"'}))["stdout"] == "RAN\n/\ntorn\n"
 
 

@@ -85,10 +85,10 @@ LOADER_VARIABLES = (
 )  # fmt: skip
 """The variables the host empties for the agent's own process (see corral.providers.agent_runtime). Flags the loader
 honours whatever their value (LD_SHOW_AUXV, LD_BIND_NOT...) cannot be emptied this way; they change no code path."""
-FEATURES = ["beneath", "pty", "tunnel", "tunnel_window", "user", "watch"]
+FEATURES = ["beneath", "pty", "shell", "tunnel", "tunnel_window", "user", "watch"]
 """What the hello frame says this agent can do beyond the protocol version (``beneath``: confined file paths;
-``pty``: commands on a pseudo-terminal; ``tunnel``: TCP connections to ports inside the sandbox; ``user``: commands
-run as, and files written for, a user of the workspace)."""
+``pty``: commands on a pseudo-terminal; ``shell``: persistent shells; ``tunnel``: TCP connections to ports inside
+the sandbox; ``user``: commands run as, and files written for, a user of the workspace)."""
 CHUNK = 256 * 1024
 MAX_HEADER = 1024 * 1024
 """The largest frame header either side accepts (a directory listing or glob result travels in one; one that would
@@ -159,6 +159,8 @@ class Agent:
         self.writes: dict[int, BinaryIO] = {}  # write id -> open file
         self.terminals: dict[int, Terminal] = {}  # pty id -> its terminal, for input and resize
         self.tunnels: dict[int, Tunnel] = {}  # tunnel id -> its connection, for the host's data and eof
+        self.shells: dict[str, Shell] = {}  # shell key -> its persistent shell (the ``shell`` op)
+        self.shells_lock = threading.Lock()
         self.base_env = dict(os.environ)
         # The host starts the agent with the loader's variables emptied and LC_ALL=C (see the agent runtime); its
         # commands get the container's own values back.
@@ -210,6 +212,8 @@ class Agent:
                 self.error(header.get("id", 0), exc)
         for proc in list(self.procs.values()):
             kill_group(proc)
+        for shell in list(self.shells.values()):
+            shell.close()
 
     def dispatch(self, h: Header, payload: bytes) -> None:
         op, rid = h.get("op"), h.get("id", 0)
@@ -298,7 +302,7 @@ class Agent:
                 self.send({"id": rid, "ev": "error", "kind": "busy", "message": message})
                 return
             self.tunnels[rid] = Tunnel()
-        if op in ("exec", "pty", "read", "glob", "usage", "watch", "tunnel"):
+        if op in ("exec", "shell", "pty", "read", "glob", "usage", "watch", "tunnel"):
             self.workers.submit(self.guarded, handler, rid, h)
         else:
             self.result(rid, handler(h))
@@ -312,8 +316,11 @@ class Agent:
             self.error(rid, exc)
 
     # commands -----------------------------------------------------------------------------------------------------
-    def spawn(self, argv: list[str], cwd: str, env: dict[str, str], account: Account | None = None) -> Process:
-        """Start a command with its own session, stdin from /dev/null and stdout/stderr piped to the agent.
+    def spawn(
+        self, argv: list[str], cwd: str, env: dict[str, str], account: Account | None = None, stdin: int | None = None
+    ) -> Process:
+        """Start a command with its own session, stdin from /dev/null (or the descriptor ``stdin``) and stdout/stderr
+        piped to the agent.
 
         Through the spawner when the container runs one (see "the spawner" below), so that the command belongs to
         the container's own process tree and survives a checkpoint; else (an older container, a spawner killed by
@@ -323,12 +330,12 @@ class Agent:
         if self.spawner is not None:
             sock = self.spawner_connection()
             if sock is not None:
-                return Spawned.start(sock, argv, cwd, env, uid=uid, gid=gid)
+                return Spawned.start(sock, argv, cwd, env, uid=uid, gid=gid, stdin=stdin)
         return subprocess.Popen(
             argv,
             cwd=cwd,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -440,6 +447,157 @@ class Agent:
             }
         )
         return
+
+    def op_shell(self, h: Header) -> None:
+        """Run ``command`` in the persistent shell ``key``, started from ``argv`` when there is none (see
+        :class:`Shell`); answered like ``exec``."""
+        key, command, directory = h["key"], h["command"], h["dir"]
+        if not isinstance(key, str) or not 0 < len(key) <= 128:
+            raise ValueError("key: must be a string of 1-128 characters")
+        if not isinstance(directory, str) or not directory.startswith("/") or "\0" in directory:
+            raise ValueError("dir: must be an absolute path")
+        if not isinstance(command, str) or "\0" in command:
+            raise ValueError("command: must be text without a NUL character")
+        while True:
+            with self.shells_lock:
+                shell = self.shells.get(key)
+                if shell is None:
+                    if len(self.shells) >= MAX_SHELLS and not self.evict_shell():
+                        message = f"{MAX_SHELLS} shells are running commands already; try again when one is done"
+                        self.send({"id": h["id"], "ev": "error", "kind": "busy", "message": message})
+                        return
+                    shell = self.shells[key] = Shell()
+                shell.used = time.monotonic()
+            with shell.lock:
+                if self.shells.get(key) is shell:  # not evicted while this call waited for the one before
+                    self.run_in_shell(h, shell, command, directory)
+                    return
+
+    def evict_shell(self) -> bool:
+        """Close the shell used longest ago that runs nothing now (the caller holds ``shells_lock``)."""
+        idle = [(shell.used, key) for key, shell in self.shells.items() if not shell.lock.locked()]
+        if not idle:
+            return False
+        self.shells.pop(min(idle)[1]).close()
+        return True
+
+    def run_in_shell(self, h: Header, shell: Shell, command: str, directory: str) -> None:
+        rid = h["id"]
+        env = dict(self.base_env)
+        account = lookup_account(h["user"]) if h.get("user") else None
+        if account is not None:
+            env.update(account.env())
+        env.update(h.get("env") or {})
+        started = time.monotonic()
+        timeout = h.get("timeout_s")
+        deadline: float | None = started + timeout if timeout else None
+        spec = (tuple(h["argv"]), h.get("cwd") or "/", tuple(sorted(env.items())), h.get("user") or "")
+        if shell.spec != spec or shell.proc is None or shell.proc.poll() is not None:
+            shell.close()  # gone, or started for another user, directory or environment: a fresh one restores state
+            make_shell_dir(directory, account)
+            ours, theirs = socket.socketpair()
+            try:
+                shell.proc = self.spawn(list(h["argv"]), h.get("cwd") or "/", env, account, stdin=theirs.fileno())
+            except (FileNotFoundError, PermissionError) as exc:
+                ours.close()
+                failed = 127 if isinstance(exc, FileNotFoundError) else 126
+                self.send({"id": rid, "ev": "out", "fd": 2}, f"{h['argv'][0]}: {exc.strerror}\n".encode())
+                self.send({"id": rid, "ev": "exit", "code": failed, "timed_out": False, "duration_ms": 0.0})
+                return
+            finally:
+                theirs.close()
+            shell.control, shell.spec = ours, spec
+        proc, control = shell.proc, shell.control
+        assert proc is not None
+        assert control is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        shell.hand_over(command, directory, account)
+        self.procs[rid] = proc  # a kill from the host ends the shell: the next call starts a fresh one
+        window = self.streams[rid] = Window()
+        fds = {proc.stdout.fileno(): 1, proc.stderr.fileno(): 2}
+        poller = select.poll()
+        for fd in (*fds, control.fileno()):
+            poller.register(fd, select.POLLIN)
+        code: int | None = None
+        timed_out = ended = False
+        try:
+            # Until the shell reports the command's status on its control socket (or ends, or the deadline passes).
+            while code is None and not ended and not window.cancelled:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                    break
+                if proc.poll() is not None:
+                    ended = True
+                    break
+                wait = 0.05 if deadline is None else min(0.05, deadline - now)  # the status wakes the poll at once
+                if window.room() <= 0:
+                    window.wait(wait)  # no credit: the pipes stay unread and the command blocks on its writes
+                    continue
+                for fd, _ in poller.poll(wait * 1000):
+                    if fd == control.fileno():
+                        code, ended = shell.take_status(poller)
+                    elif window.room() > 0:
+                        ended = not self.forward(rid, fd, fds, poller, window) and not fds
+            if code is not None:
+                self.drain(rid, fds, poller, window)  # all the command wrote is in the pipes by now
+            else:
+                if ended and not window.cancelled and not timed_out:
+                    # It ended by itself (exit N, set -e, exec): what it wrote before is still in the pipes.
+                    self.drain(rid, fds, poller, window, until_eof_s=0.25)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        code = proc.wait(SHELL_EXIT_S)  # its socket closed first: the process is still exiting
+                shell.close()  # a timeout or a kill ends it too, its background jobs included
+        finally:
+            self.procs.pop(rid, None)
+            self.streams.pop(rid, None)
+        if code is None:
+            code = -signal.SIGKILL
+        self.send(
+            {
+                "id": rid,
+                "ev": "exit",
+                "code": 128 - code if code < 0 else code,
+                "timed_out": timed_out,
+                "duration_ms": (time.monotonic() - started) * 1000,
+            }
+        )
+
+    def forward(self, rid: int, fd: int, fds: dict[int, int], poller: select.poll, window: Window) -> bool:
+        """Send what one of a command's pipes holds as an ``out`` frame; False (and the pipe unregistered) at its
+        end of file."""
+        data = os.read(fd, min(CHUNK, window.room()))
+        if not data:
+            poller.unregister(fd)
+            del fds[fd]
+            return False
+        window.take(len(data) + FRAME_COST)
+        self.send({"id": rid, "ev": "out", "fd": fds[fd]}, data)
+        return True
+
+    def drain(
+        self, rid: int, fds: dict[int, int], poller: select.poll, window: Window, until_eof_s: float = 0.0
+    ) -> None:
+        """Send what the pipes hold now (``until_eof_s``: wait that long for their end of file), at most
+        :data:`SHELL_DRAIN_MAX` bytes: a background job that writes without end must not hold the call."""
+        end = time.monotonic() + until_eof_s
+        sent = 0
+        while fds and sent < SHELL_DRAIN_MAX and not window.cancelled:
+            left = end - time.monotonic()
+            if window.room() <= 0:
+                window.wait(max(left, 1.0))
+                if window.room() <= 0:
+                    return
+                continue
+            ready = [fd for fd, _ in poller.poll(max(left, 0) * 1000) if fd in fds]
+            if not ready:
+                return
+            for fd in ready:
+                if window.room() > 0 and fd in fds:
+                    before = window.credit
+                    self.forward(rid, fd, fds, poller, window)
+                    sent += before - window.credit
 
     def op_pty(self, h: Header) -> None:
         rid = h["id"]
@@ -1044,6 +1202,107 @@ class _WakingWindow(Window):
     def cancel(self) -> None:
         super().cancel()
         self._wake()
+
+
+MAX_SHELLS = 8
+"""Persistent shells kept at once: starting another closes the one used longest ago (its state is on disk)."""
+SHELL_STATUS_MAX = 4096
+"""The most a shell's control socket may hold without a complete status line before the shell is taken as broken."""
+SHELL_EXIT_S = 1.0
+"""How long a shell that closed its control socket may take to exit before it is killed."""
+SHELL_DRAIN_MAX = 4 * 1024 * 1024
+"""The most output read after a command's status: what background jobs write on without end waits for the next call."""
+
+
+def make_shell_dir(directory: str, account: Account | None) -> None:
+    """Create a shell's state directory (mode 0700, owned by its user) unless it exists."""
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        if account is not None:
+            os.chown(directory, account.uid, account.gid, follow_symlinks=False)
+
+
+class Shell:
+    """A persistent shell of the ``shell`` op: a process the host's driver script runs (``bash -c DRIVER``), kept
+    between calls so that a command costs no process start of its own.
+
+    Its stdin is ``control``, one end of a socket pair: per call the agent writes the command to ``<dir>/command``
+    and a serial number plus newline to the socket; the driver reads the file, runs the command (stdin /dev/null,
+    stdout and stderr the shell's pipes to the agent) and answers ``<serial> <status>`` on the socket. The answer
+    wakes the agent's poll: completion is signalled, never polled for. A line with another serial (a command that
+    wrote to the socket itself) is ignored. When the shell ends instead (``exit``, ``set -e``, ``exec``), its exit
+    status is the command's; a deadline or a kill ends it with its process group. Calls take ``lock`` in turn.
+    """
+
+    __slots__ = ("buffer", "control", "lock", "proc", "serial", "spec", "used")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.proc: Process | None = None
+        self.control: socket.socket | None = None
+        self.spec: tuple[Any, ...] = ()
+        self.serial = 0
+        self.buffer = b""
+        self.used = time.monotonic()
+
+    def hand_over(self, command: str, directory: str, account: Account | None) -> None:
+        """Write ``command`` where the driver reads it, then wake the driver (a shell that died meanwhile is seen
+        by the caller's loop)."""
+        assert self.control is not None
+        make_shell_dir(directory, account)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(directory + "/command", flags, 0o600)
+        try:
+            if account is not None:
+                os.fchown(fd, account.uid, account.gid)
+            view = memoryview(command.encode("utf-8", "surrogateescape"))
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        self.serial += 1
+        self.buffer = b""
+        with contextlib.suppress(OSError):
+            self.control.sendall(b"%d\n" % self.serial)
+
+    def take_status(self, poller: select.poll) -> tuple[int | None, bool]:
+        """Read the control socket: ``(status, False)`` once this call's status line came, ``(None, True)`` when the
+        shell closed it or wrote past :data:`SHELL_STATUS_MAX` without one, else ``(None, False)``."""
+        assert self.control is not None
+        try:
+            data = self.control.recv(SHELL_STATUS_MAX)
+        except OSError:
+            data = b""
+        if not data:
+            poller.unregister(self.control.fileno())
+            return None, True
+        self.buffer += data
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            serial, _, status = line.partition(b" ")
+            if serial == b"%d" % self.serial and status.isdigit() and len(status) <= 3:
+                return int(status), False
+        if len(self.buffer) > SHELL_STATUS_MAX:
+            poller.unregister(self.control.fileno())
+            return None, True
+        return None, False
+
+    def close(self) -> None:
+        """End the shell and everything left in its process group (its background jobs too)."""
+        proc, control = self.proc, self.control
+        self.proc = self.control = None
+        self.spec = ()
+        if control is not None:
+            control.close()
+        if proc is not None:
+            kill_group(proc)
+            proc.poll()
+            if isinstance(proc, Spawned):
+                proc.close()
+            else:
+                for pipe in (proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        pipe.close()
 
 
 class Terminal:
@@ -1776,14 +2035,15 @@ class Spawned:
         uid: int = -1,
         gid: int = -1,
         terminal: int | None = None,
+        stdin: int | None = None,
     ) -> Spawned:
         """Ask the spawner to start ``argv``, as ``uid``/``gid`` unless -1; raises FileNotFoundError,
         PermissionError or OSError as Popen would.
 
-        Without ``terminal`` the command's stdin is /dev/null and its stdout and stderr are pipes (``stdout``,
-        ``stderr``). With it (the slave side of a pty, which the caller keeps open until this returns), that is the
-        command's stdin, stdout, stderr and controlling terminal, and ``stdout``/``stderr`` are None: the caller
-        reads the pty's master.
+        Without ``terminal`` the command's stdin is /dev/null (or the descriptor ``stdin``) and its stdout and stderr
+        are pipes (``stdout``, ``stderr``). With it (the slave side of a pty, which the caller keeps open until this
+        returns), that is the command's stdin, stdout, stderr and controlling terminal, and ``stdout``/``stderr`` are
+        None: the caller reads the pty's master.
         """
         head = [str(len(argv)), str(len(env)), cwd, str(uid), str(gid), "0" if terminal is None else "1"]
         strings = [*head, *argv, *(f"{k}={v}" for k, v in env.items())]
@@ -1792,7 +2052,7 @@ class Spawned:
         if terminal is None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            given, ours, closed = [_devnull(), out_w, err_w], [out_r, err_r], [out_w, err_w]
+            given, ours, closed = [_devnull() if stdin is None else stdin, out_w, err_w], [out_r, err_r], [out_w, err_w]
         else:
             given, ours, closed = [terminal] * 3, [], []
         try:

@@ -389,15 +389,23 @@ class GuestConnection:
             self._finish(rid, done=done)
 
     async def exec(
-        self, argv: list[str], *, cwd: str, env: dict[str, str], timeout_s: float | None, **args: Any
+        self,
+        argv: list[str],
+        *,
+        cwd: str,
+        env: dict[str, str],
+        timeout_s: float | None,
+        op: str = "exec",
+        **args: Any,
     ) -> AsyncGenerator[Frame]:
         """Start a command (``args``: more request fields, e.g. ``user``); yields ``out`` frames and finally the
-        ``exit`` frame. Closing early kills it."""
+        ``exit`` frame. Closing early kills it. ``op`` ``shell`` runs ``args["command"]`` in the persistent shell
+        ``args["key"]`` instead, started from ``argv`` when needed (the agent's ``shell`` feature)."""
         rid, request = self._open(streaming=True)
         finished = False
         try:
             await self._send(
-                {"id": rid, "op": "exec", "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s, **args}
+                {"id": rid, "op": op, "argv": argv, "cwd": cwd, "env": env, "timeout_s": timeout_s, **args}
             )
             while True:
                 frame = await self._next(rid, request, None)  # the command's own deadline applies (see remote.py)

@@ -64,6 +64,8 @@ from corral.providers.base import (
     PtyRequest,
     PtySession,
     ResourceLimits,
+    ShellHost,
+    ShellUnavailableError,
     SnapshotInfo,
     Snapshotter,
     WorkspaceEvent,
@@ -1194,6 +1196,18 @@ class WorkspaceRuntime:
             except (WorkspaceStateError, WorkspaceBrokenError) as exc:
                 await self._service._runtime_failed(workspace_id, provider, exc)
                 raise
+
+    async def exec_in_shell(
+        self, workspace_id: str, request: ExecRequest, *, key: str, state_dir: str, command: str
+    ) -> ExecResult:
+        """See :meth:`ShellHost.exec_in_shell`; a provider without persistent shells raises ShellUnavailableError."""
+
+        async def call(provider: WorkspaceProvider) -> ExecResult:
+            if not isinstance(provider, ShellHost):
+                raise ShellUnavailableError(f"provider {provider.name!r} keeps no persistent shells")
+            return await provider.exec_in_shell(workspace_id, request, key=key, state_dir=state_dir, command=command)
+
+        return await self._service._guarded(workspace_id, call)
 
     async def open_pty(self, workspace_id: str, request: PtyRequest) -> PtySession:
         """See :meth:`PtyHost.open_pty`; a provider without terminals raises InvalidRequestError naming it."""

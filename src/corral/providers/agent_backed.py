@@ -52,6 +52,7 @@ from corral.providers.base import (
     ExecStream,
     FileInfo,
     PtyRequest,
+    ShellUnavailableError,
     WorkspaceEvent,
     check_path,
     check_user,
@@ -412,7 +413,29 @@ class AgentBackedProvider:
             async for event in self._exec_stream(workspace_id, request):
                 yield event
 
-    async def _exec_stream(self, workspace_id: str, request: ExecRequest) -> ExecStream:
+    async def exec_in_shell(
+        self, workspace_id: str, request: ExecRequest, *, key: str, state_dir: str, command: str
+    ) -> ExecResult:
+        """Run ``command`` in the agent's persistent shell ``key`` (see :class:`~corral.providers.base.ShellHost`);
+        it takes one of the workspace's exec slots, as ``exec`` does."""
+        request.validate()
+        if "\x00" in command:
+            raise InvalidRequestError("command: must not contain a NUL byte", details={"field": "command"})
+        conn = await self._agent(workspace_id)
+        if "shell" not in conn.features:
+            raise ShellUnavailableError(f"the agent of workspace {workspace_id} predates persistent shells")
+        shell = {"op": "shell", "key": key, "dir": state_dir, "command": command}
+
+        async def events() -> ExecStream:
+            async with self._gate(workspace_id).slot(workspace_id):
+                async for event in self._exec_stream(workspace_id, request, shell):
+                    yield event
+
+        return await collect_exec(events(), output_limit=self.output_limit, provider=self.name)
+
+    async def _exec_stream(
+        self, workspace_id: str, request: ExecRequest, shell: dict[str, str] | None = None
+    ) -> ExecStream:
         conn = await self._agent(workspace_id)
         frames: AsyncGenerator[tuple[dict[str, Any], bytes]] = conn.exec(
             request.argv(),
@@ -420,6 +443,7 @@ class AgentBackedProvider:
             env=self._exec_env(workspace_id, request),
             timeout_s=request.timeout_s,
             **self._user(conn, "user", request.user),
+            **(shell or {}),
         )
         deadline = None if request.timeout_s is None else time.monotonic() + request.timeout_s + EXEC_GRACE_S
         try:

@@ -80,6 +80,8 @@ __all__ = [
     "ResourceUsage",
     "ResourceUsageReporter",
     "Retention",
+    "ShellHost",
+    "ShellUnavailableError",
     "SnapshotInfo",
     "Snapshotter",
     "WorkspaceCalls",
@@ -610,6 +612,23 @@ class PtyHost(Protocol):
     async def open_pty(self, workspace_id: str, request: PtyRequest) -> PtySession:
         """Start ``request`` on a new terminal and return its session; raises what ``exec`` raises, and
         InvalidRequestError when this workspace cannot open terminals."""
+
+
+class ShellUnavailableError(Exception):
+    """The workspace cannot keep a persistent shell (its provider or agent has none): use ``exec`` instead."""
+
+
+@runtime_checkable
+class ShellHost(Protocol):
+    """Optional sub-interface of providers that keep persistent shells in a workspace (the bash tool's hot path)."""
+
+    async def exec_in_shell(
+        self, workspace_id: str, request: ExecRequest, *, key: str, state_dir: str, command: str
+    ) -> ExecResult:
+        """Run ``command`` in the workspace's persistent shell ``key``, which ``request`` starts when there is none
+        (its argv, cwd, env and user; a shell started otherwise is replaced); ``request.timeout_s`` bounds this call.
+        The shell reads the command from ``state_dir/command`` (see :data:`corral.tools.shell.PERSISTENT_SCRIPT`).
+        Raises what ``exec`` raises, and :class:`ShellUnavailableError` when this workspace has no such shells."""
 
 
 DirEventType = Literal["create", "write", "remove", "rename", "chmod"]

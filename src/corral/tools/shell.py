@@ -1,11 +1,23 @@
-"""The ``bash`` tool: one persistent shell per session, built on nothing but ``exec``.
+"""The ``bash`` tool: one persistent shell per session.
 
-No process stays alive between calls. Each call runs ``bash -c`` with a fixed script that restores the session's
-state, ``eval``s the agent's command (handed over in an environment variable, never spliced into the script),
-then saves the state again from an ``EXIT`` trap, so ``exit 3`` and ``set -e`` failures save it too. The script
-itself starts no process (under gVisor each one costs about 8 ms): only bash builtins, no subshell and no command
-substitution, except ``mkdir`` on a session's first call. The state lives in the sandbox, in
-``/tmp/.corral-shell/<session_id>/``, as two slots ``state.0`` and ``state.1``, each a script of one ``if`` block::
+Where the workspace's agent keeps shells (:class:`~corral.providers.base.ShellHost`: the gVisor, Docker and
+Firecracker agents), each session has a bash process that lives between calls and runs
+:data:`PERSISTENT_SCRIPT`: a call writes the command to a file and a serial to the shell's control socket, and the
+shell answers with the status when the command is done, so a call starts no process of its own (``true`` costs no
+exec at all) and its end is signalled, not polled. Everything the shell holds carries over while it lives: the
+directory, variables exported or not, functions, aliases, options. After each call the shell also saves the exported
+variables and the directory to disk, so when it is replaced (a timeout or ``exit`` ended it, its agent was closed
+for idleness, the session's shells outnumbered the agent's limit) the next shell starts from them; functions,
+aliases, options and unexported variables are then gone.
+
+Elsewhere (E2B, the HTTP provider, the fake) each call runs ``bash -c`` with :data:`SHELL_SCRIPT`, which restores
+the saved state, ``eval``s the agent's command (handed over in an environment variable, never spliced into the
+script), then saves the state again from an ``EXIT`` trap, so ``exit 3`` and ``set -e`` failures save it too. That
+script starts no process either (under gVisor each one costs milliseconds): only bash builtins, no subshell and no
+command substitution, except ``mkdir`` on a session's first call.
+
+The state lives in the sandbox, in ``/tmp/.corral-shell/<session_id>/``, as two slots ``state.0`` and ``state.1``,
+each a script of one ``if`` block::
 
     if (( GEN > __corral_gen )); then __corral_gen=GEN; __corral_reset
     declare -x ...        # declare -px: the exported variables
@@ -19,19 +31,26 @@ before) is used: no ``mv`` needed for atomicity. ``__corral_reset`` unsets every
 ``"${!A@}" ... "${!_@}"``, not ``compgen -e``, which would need a fork), so ``unset`` carries over as well as
 ``export``. State saved by the earlier format (files ``env`` and ``cwd``) is still read when no slot is there.
 
-Shell functions, aliases, options and unexported variables do not carry over. A call that times out is killed
-with its process group before it can save, so it leaves the state of the call before it; so does a command that
-replaces the ``EXIT`` trap. Calls of one session are not serialised here (the session service queues them): two at
-once both start from the same state and save into the same slot, so overlapping saves can mix.
+A call that times out is killed with its shell and the shell's process group (background jobs included) before it
+can save, so it leaves the state of the call before it; so does a command that replaces the ``EXIT`` trap and exits.
+Calls of one session take turns (the agent serialises them per shell; without one, the session service queues them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import string
 
 from corral.errors import ExecTimeoutError, InvalidRequestError
-from corral.providers.base import ExecMode, ExecRequest, WorkspaceCalls
+from corral.providers.base import (
+    ExecMode,
+    ExecRequest,
+    ExecResult,
+    ShellHost,
+    ShellUnavailableError,
+    WorkspaceCalls,
+)
 from corral.tools._common import Arguments, ToolLimits, cap_text
 
 __all__ = ["SHELL_STATE_ROOT", "TIMEOUT_EXIT_CODE", "run_bash", "shell_state_dir"]
@@ -86,6 +105,64 @@ unset __corral_name __corral_cwd __corral_oldpwd
 eval "$__corral_cmd"
 """
 
+# The persistent shell's driver (the agent's ``shell`` op, see corral.guest.agent.Shell): $1 is the state directory.
+# It restores the saved state once, as the script above does, then serves calls until the agent closes its stdin:
+# per call it reads the serial from stdin, the command from $1/command, runs it with stdin from /dev/null, saves the
+# state and answers "<serial> <status>" on stdin (a socket). Each call starts from the shell's own stdin, stdout and
+# stderr again (copies kept on high descriptors), whatever ``exec <>`` the call before did. Everything but the
+# command's own work is builtins. The
+# EXIT trap saves the state of a command that ends the shell (exit, set -e); the shell's exit status is then the
+# command's. set -e, -u, -v and -x hold only for the call that sets them: the driver's own steps run without them.
+PERSISTENT_SCRIPT = rf"""
+__corral_dir=$1
+set --
+__corral_gen=0
+__corral_cwd=/workspace
+__corral_reset() {{
+    for __corral_name in {_ALL_NAMES}; do
+        [[ ${{!__corral_name@a}} == *x* ]] && unset "$__corral_name"
+    done
+}}
+{{ . "$__corral_dir/state.0"; . "$__corral_dir/state.1"; }} 2>/dev/null
+if [ "$__corral_gen" = 0 ] && [ -f "$__corral_dir/env" ]; then
+    __corral_reset
+    . "$__corral_dir/env" 2>/dev/null
+    IFS= read -r -d '' __corral_cwd < "$__corral_dir/cwd" 2>/dev/null
+fi
+__corral_save() {{
+    local g=$((__corral_gen + 1))
+    {{
+        builtin printf '# corral shell state %s\nif (( %s > __corral_gen )); then\n__corral_gen=%s\n__corral_reset\n' \
+            "$g" "$g" "$g"
+        builtin declare -px
+        builtin printf '__corral_cwd=%q\nfi\n' "$PWD"
+    }} >| "$__corral_dir/state.$((g % 2))"
+    __corral_gen=$g
+}}
+PWD=$__corral_cwd
+unset __corral_name __corral_cwd
+exec {{__corral_ctl}}<&0 {{__corral_out}}>&1 {{__corral_err}}>&2
+while :; do
+    exec 0<&"$__corral_ctl" 1>&"$__corral_out" 2>&"$__corral_err"
+    IFS= builtin read -r __corral_serial || builtin exit 0
+    __corral_cmd=
+    IFS= builtin read -r -d '' __corral_cmd < "$__corral_dir/command"
+    __corral_oldpwd=${{OLDPWD-}}
+    if ! {{ [ -d "$PWD" ] && [ -x "$PWD" ] && builtin cd -- "$PWD"; }} 2>/dev/null; then
+        builtin printf 'corral: the working directory %s is gone; starting in /workspace\n' "$PWD" >&2
+        builtin cd /workspace || builtin exit 1
+    fi
+    [ -n "$__corral_oldpwd" ] && OLDPWD=$__corral_oldpwd
+    builtin trap '__corral_rc=$?; set +eu; __corral_save; builtin exit $__corral_rc' EXIT
+    exec </dev/null
+    builtin eval "$__corral_cmd"
+    __corral_rc=$?
+    builtin set +euvx
+    __corral_save
+    builtin printf '%s %d\n' "$__corral_serial" "$__corral_rc" >&"$__corral_ctl"
+done
+"""
+
 
 def shell_state_dir(session_id: str) -> str:
     """Where a session's shell state lives inside the sandbox.
@@ -102,6 +179,30 @@ def shell_state_dir(session_id: str) -> str:
     return f"{SHELL_STATE_ROOT}/{session_id}"
 
 
+async def _run(
+    provider: WorkspaceCalls, workspace_id: str, session_id: str, command: str, *, timeout_s: float
+) -> ExecResult:
+    """The command in the session's persistent shell where the workspace keeps one, else in a ``bash -c`` of its
+    own (the same state on disk either way)."""
+    state_dir = shell_state_dir(session_id)
+    if isinstance(provider, ShellHost):
+        with contextlib.suppress(ShellUnavailableError):
+            request = ExecRequest(
+                "/bin/bash", ("-c", PERSISTENT_SCRIPT, "bash", state_dir), mode=ExecMode.ARGV, timeout_s=timeout_s
+            )
+            return await provider.exec_in_shell(
+                workspace_id, request, key=session_id, state_dir=state_dir, command=command
+            )
+    request = ExecRequest(
+        "/bin/bash",
+        ("-c", SHELL_SCRIPT, "bash", state_dir),
+        mode=ExecMode.ARGV,
+        env={COMMAND_ENV: command},
+        timeout_s=timeout_s,
+    )
+    return await provider.exec(workspace_id, request)
+
+
 async def run_bash(
     provider: WorkspaceCalls, workspace_id: str, session_id: str, raw: object, limits: ToolLimits
 ) -> dict[str, object]:
@@ -116,15 +217,8 @@ async def run_bash(
             details={"field": "command"},
         )
     timeout_s = args.number("timeout_s", default=limits.bash_timeout_s, maximum=limits.bash_max_timeout_s)
-    request = ExecRequest(
-        "/bin/bash",
-        ("-c", SHELL_SCRIPT, "bash", shell_state_dir(session_id)),
-        mode=ExecMode.ARGV,
-        env={COMMAND_ENV: command},
-        timeout_s=timeout_s,
-    )
     try:
-        result = await provider.exec(workspace_id, request)
+        result = await _run(provider, workspace_id, session_id, command, timeout_s=timeout_s)
     except ExecTimeoutError as exc:
         stdout, out_cut = cap_text(exc.stdout, limits.output_chars)
         stderr, err_cut = cap_text(exc.stderr, limits.output_chars)
