@@ -19,11 +19,11 @@ from typing import Any
 from e2b import AsyncSandbox
 
 from bench.context import Bench
-from bench.http import LeanClient
 from bench.latency import POOL_SETTLE_S
 from bench.report import Row, Target
 from bench.server import CorralServer, ServerError
 from bench.stats import Samples
+from corral.client._lean import LeanClient
 
 __all__ = ["e2b_latency"]
 

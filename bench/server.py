@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.http import LeanClient
+from corral.client._lean import LeanClient
 from corral.settings import Settings
 
 __all__ = ["CorralServer", "ServerError"]

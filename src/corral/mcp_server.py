@@ -1,7 +1,8 @@
 """``corral mcp``: one session's allowed tools, served over MCP on stdin/stdout.
 
 The MCP server holds no policy of its own. It lists the tools the session's agent type enables, each with a JSON
-schema for its arguments, and forwards every call, whatever its name, to Corral's HTTP API through the SDK. So the
+schema for its arguments, and forwards every call, whatever its name, to Corral's HTTP API (through
+:class:`LeanTools`, one keep-alive connection, for a plain http:// server; else the SDK). So the
 server decides what is allowed and audits every call exactly as it does for HTTP clients; a refused call comes back
 as an MCP error result carrying the server's message (``Tool 'bash' is not enabled for this agent type``).
 
@@ -19,20 +20,32 @@ import os
 import signal
 import stat
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
+import h11
+import httpx
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 import corral
-from corral.client import AsyncCorral, AsyncSession
+from corral.client import AsyncCorral, AsyncSession, _api
+from corral.client._errors import CorralConnectionError, CorralTimeoutError
+from corral.client._lean import LeanClient
 from corral.errors import CorralError, InvalidRequestError
 
-__all__ = ["TOOL_SPECS", "allowed_tools", "build_server", "render_result", "serve_stdio", "tool_definitions"]
+__all__ = [
+    "TOOL_SPECS",
+    "LeanTools",
+    "allowed_tools",
+    "build_server",
+    "render_result",
+    "serve_stdio",
+    "tool_definitions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +212,62 @@ async def allowed_tools(client: AsyncCorral, session: AsyncSession) -> tuple[str
     return (await client.agent_types.get(session.info.agent_type_id)).tools
 
 
-def build_server(session: AsyncSession, tools: Sequence[str]) -> Server[Any]:
-    """A low-level MCP server listing ``tools`` and forwarding every call to the session over HTTP."""
+ToolCall = Callable[[str, Mapping[str, Any]], Awaitable[dict[str, Any]]]
+"""``(tool, arguments) -> result``, as :meth:`corral.client.AsyncTools.call`."""
+
+
+class LeanTools:
+    """A session's tool calls over one keep-alive HTTP/1.1 connection (:mod:`corral.client._lean`): what
+    ``session.tools.call`` does, without httpx's client, which costs about 2 ms a call here (as much as the API's
+    own work). For a plain ``http://`` server only; answers and errors are read exactly as the SDK reads them."""
+
+    def __init__(self, base_url: str, token: str | None, session_id: str) -> None:
+        url = httpx.URL(base_url)
+        if url.scheme != "http" or not url.host:
+            raise ValueError(f"LeanTools needs a plain http:// server URL, got {base_url!r}")
+        self._base_url = base_url.rstrip("/")
+        self._prefix = url.path.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = LeanClient(url.host, url.port or 80, self._headers)
+        self._session_id = session_id
+
+    @staticmethod
+    def serves(base_url: str) -> bool:
+        """Whether ``base_url`` is a server this client can reach (plain http, no TLS)."""
+        url = httpx.URL(base_url)
+        return url.scheme == "http" and bool(url.host)
+
+    async def call(self, tool: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Call ``tool``; raises the SDK's typed errors (and CorralConnectionError / CorralTimeoutError)."""
+        timeout = arguments.get("timeout_s")
+        wait = float(timeout) if isinstance(timeout, int | float) and not isinstance(timeout, bool) else None
+        op = _api.call_tool(self._session_id, tool, arguments, timeout_s=wait or None)
+        try:
+            async with asyncio.timeout(op.timeout_s):
+                answer = await self._client.request(op.method, self._prefix + op.path, json_body=op.json)
+        except TimeoutError:
+            await self._client.aclose()  # the answer may still come: this connection cannot be reused
+            raise CorralTimeoutError(f"no answer from Corral at {self._base_url} in time") from None
+        except (OSError, h11.ProtocolError) as exc:
+            await self._client.aclose()
+            reason = "connection refused" if isinstance(exc, ConnectionRefusedError) else str(exc) or type(exc).__name__
+            raise CorralConnectionError(
+                f"cannot reach Corral at {self._base_url}: {reason} (is `corral serve` running there? set CORRAL_URL)"
+            ) from None
+        request = httpx.Request(op.method, self._base_url + op.path, headers=self._headers)
+        response = httpx.Response(answer.status, headers=list(answer.headers), content=answer.body, request=request)
+        return op.parse(_api.check(response))
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        await self._client.aclose()
+
+
+def build_server(session: AsyncSession, tools: Sequence[str], call: ToolCall | None = None) -> Server[Any]:
+    """A low-level MCP server listing ``tools`` and forwarding every call to the session over HTTP (through
+    ``call``, default the SDK's ``session.tools.call``)."""
     definitions = tool_definitions(tools)
+    call_over_http = call or session.tools.call
 
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -213,7 +279,7 @@ def build_server(session: AsyncSession, tools: Sequence[str]) -> Server[Any]:
     ) -> types.CallToolResult:
         # No check here on purpose: the server enforces the tool policy and audits refused calls too.
         try:
-            result = await session.tools.call(params.name, params.arguments or {})
+            result = await call_over_http(params.name, params.arguments or {})
         except CorralError as exc:
             return types.CallToolResult(content=[types.TextContent(text=exc.message)], is_error=True)
         return types.CallToolResult(
@@ -232,8 +298,8 @@ def build_server(session: AsyncSession, tools: Sequence[str]) -> Server[Any]:
     )
 
 
-async def _serve(session: AsyncSession, tools: Sequence[str]) -> None:
-    server = build_server(session, tools)
+async def _serve(session: AsyncSession, tools: Sequence[str], call: ToolCall | None = None) -> None:
+    server = build_server(session, tools, call)
     async with _stdio_pipes() as pipes:
         stdio = stdio_server(*pipes) if pipes is not None else stdio_server()
         async with stdio as (read_stream, write_stream):
@@ -366,6 +432,7 @@ async def _run(
     agent_type_id: str,
     task_context: Mapping[str, Any] | None,
     wait_timeout_s: float,
+    token: str | None,
 ) -> None:
     client = lifetime.client
     if session_id is not None:
@@ -380,7 +447,15 @@ async def _run(
     info = await session.wait(timeout_s=wait_timeout_s)
     if info.degraded:
         log.warning("session %s is degraded: %s", session.id, info.degraded_reason)
-    await _serve(session, await allowed_tools(client, session))
+    tools = await allowed_tools(client, session)
+    if not LeanTools.serves(client.base_url):
+        await _serve(session, tools)
+        return
+    lean = LeanTools(client.base_url, _api.resolve_token(token), session.id)
+    try:
+        await _serve(session, tools, lean.call)
+    finally:
+        await lean.aclose()
 
 
 async def serve_stdio(
@@ -414,7 +489,7 @@ async def serve_stdio(
         group.start_soon(lifetime.exit_on_signal)
         try:
             await _run(lifetime, session_id=session_id, agent_type_id=agent_type_id or "",
-                       task_context=task_context, wait_timeout_s=wait_timeout_s)  # fmt: skip
+                       task_context=task_context, wait_timeout_s=wait_timeout_s, token=token)  # fmt: skip
         except Exception as exc:  # re-raised below, so that it is not wrapped in the task group's ExceptionGroup
             failure = exc
         finally:

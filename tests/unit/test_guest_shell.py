@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import corral.guest.agent as agent_module
+from corral.errors import TooManyRequestsError
 from corral.guest.client import GuestConnection
 from corral.tools.shell import PERSISTENT_SCRIPT
 
@@ -187,3 +189,84 @@ async def test_bad_requests_are_refused_by_name(conn: GuestConnection, tmp_path:
         with pytest.raises(Exception, match=message):
             async for _ in conn.exec([*ARGV, str(tmp_path)], cwd="/", env={}, timeout_s=5, op="shell", **args):
                 pass
+
+
+async def test_what_the_workspace_plants_at_the_command_file_is_replaced_not_used(
+    conn: GuestConnection, tmp_path: Path
+) -> None:
+    """A FIFO (which would block the agent's open) or a hard link to another file where the command goes is unlinked
+    and a fresh file written; the linked file is untouched. A symlinked state directory is refused, not followed."""
+    state = tmp_path / "state"
+    _seed(state, tmp_path)
+    os.mkfifo(state / "command")
+    assert await _run(conn, state, "echo past-the-fifo", timeout_s=10) == (0, "past-the-fifo\n", "", False)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (state / "command").unlink()
+    os.link(victim, state / "command")
+    assert await _run(conn, state, "echo past-the-link") == (0, "past-the-link\n", "", False)
+    assert victim.read_text() == "precious\n"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    linked = tmp_path / "linked"
+    linked.symlink_to(elsewhere)
+    with pytest.raises(Exception, match="linked: Not a directory"):
+        await _run(conn, linked, "echo through-a-link", key="other")
+    assert not (elsewhere / "command").exists()
+    assert await _run(conn, state, "echo still-fine") == (0, "still-fine\n", "", False)
+
+
+async def test_a_call_waiting_for_its_shell_keeps_its_own_deadline(conn: GuestConnection, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    _seed(state, tmp_path)
+    slow = asyncio.create_task(_run(conn, state, "sleep 3; echo slow", timeout_s=20))
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    code, _, _, timed_out = await _run(conn, state, "echo never", timeout_s=0.5)
+    assert (code, timed_out) == (137, True)
+    assert time.monotonic() - started < 2.5  # it did not wait for the slow call
+    assert await slow == (0, "slow\n", "", False)
+
+
+async def test_past_the_shell_limit_a_call_is_refused_as_busy_and_idle_shells_make_room(
+    conn: GuestConnection, tmp_path: Path
+) -> None:
+    """With every kept shell running a command, a new key is answered ``busy`` (the host then runs the command in a
+    shell of its own); an idle shell is closed to make room for a new key."""
+    states = []
+    for i in range(agent_module.MAX_SHELLS):
+        state = tmp_path / f"s{i}"
+        _seed(state, tmp_path)
+        states.append(state)
+    running = [asyncio.create_task(_run(conn, s, "sleep 2", key=f"k{i}")) for i, s in enumerate(states)]
+    await asyncio.sleep(1)
+    extra = tmp_path / "extra"
+    _seed(extra, tmp_path)
+    with pytest.raises(TooManyRequestsError, match="shells are running commands already"):
+        await _run(conn, extra, "echo no-room", key="extra")
+    assert [(await r)[0] for r in running] == [0] * agent_module.MAX_SHELLS
+    assert await _run(conn, extra, "echo room", key="extra") == (0, "room\n", "", False)
+
+
+async def test_a_write_refuses_a_fifo_and_a_planted_hard_link(conn: GuestConnection, tmp_path: Path) -> None:
+    """The agent's ``write`` op (files API, E2B) opens without blocking and checks what it opened: a FIFO is refused
+    at once instead of hanging the agent, and a hard link of another owner's file is not handed to the user."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(Exception, match="fifo"):
+        await asyncio.wait_for(conn.write(str(fifo), b"x", mode=None), 10)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # with a reader the open succeeds; the check still refuses
+    try:
+        with pytest.raises(Exception, match="not a regular file"):
+            await asyncio.wait_for(conn.write(str(fifo), b"x", mode=None), 10)
+    finally:
+        os.close(reader)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chown(victim, 0, 0)
+    os.link(victim, tmp_path / "planted")
+    with pytest.raises(Exception, match="has other hard links"):
+        await conn.write(str(tmp_path / "planted"), b"mine", mode=None, owner="nobody")
+    assert victim.read_text() == "precious\n"
+    assert await conn.write(str(tmp_path / "fresh"), b"ok", mode=None) == 2
+    assert (tmp_path / "fresh").read_bytes() == b"ok"

@@ -253,7 +253,8 @@ class Agent:
                 parent = os.path.dirname(path)
                 if parent:
                     makedirs_owned(parent, owner)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, h.get("mode") or 0o644)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, h.get("mode") or 0o644)
+            writable_file(fd, h["path"], owner)
             if owner is not None:
                 os.fchown(fd, owner.uid, owner.gid)
             if h.get("mode") is not None:
@@ -458,6 +459,8 @@ class Agent:
             raise ValueError("dir: must be an absolute path")
         if not isinstance(command, str) or "\0" in command:
             raise ValueError("command: must be text without a NUL character")
+        timeout = h.get("timeout_s")
+        deadline = time.monotonic() + timeout if timeout else None
         while True:
             with self.shells_lock:
                 shell = self.shells.get(key)
@@ -468,18 +471,33 @@ class Agent:
                         return
                     shell = self.shells[key] = Shell()
                 shell.used = time.monotonic()
-            with shell.lock:
-                if self.shells.get(key) is shell:  # not evicted while this call waited for the one before
+            # The call before of this shell holds it until its own deadline at the latest; so does this one.
+            if not shell.lock.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
+                waited = (time.monotonic() - deadline + (timeout or 0)) * 1000 if deadline is not None else 0.0
+                self.send({"id": h["id"], "ev": "exit", "code": 137, "timed_out": True, "duration_ms": waited})
+                return
+            try:
+                with self.shells_lock:
+                    current = self.shells.get(key) is shell  # not evicted while this call waited for the one before
+                if current:
                     self.run_in_shell(h, shell, command, directory)
                     return
+            finally:
+                shell.lock.release()
 
     def evict_shell(self) -> bool:
-        """Close the shell used longest ago that runs nothing now (the caller holds ``shells_lock``)."""
-        idle = [(shell.used, key) for key, shell in self.shells.items() if not shell.lock.locked()]
-        if not idle:
-            return False
-        self.shells.pop(min(idle)[1]).close()
-        return True
+        """Close the shell used longest ago that runs nothing now (the caller holds ``shells_lock``); a call that
+        waits for a shell takes its lock before it checks the shell is still kept, so it never runs on a closed one."""
+        for _, key in sorted((shell.used, key) for key, shell in self.shells.items()):
+            shell = self.shells[key]
+            if shell.lock.acquire(blocking=False):
+                try:
+                    del self.shells[key]
+                    shell.close()
+                finally:
+                    shell.lock.release()
+                return True
+        return False
 
     def run_in_shell(self, h: Header, shell: Shell, command: str, directory: str) -> None:
         rid = h["id"]
@@ -504,6 +522,9 @@ class Agent:
                 self.send({"id": rid, "ev": "out", "fd": 2}, f"{h['argv'][0]}: {exc.strerror}\n".encode())
                 self.send({"id": rid, "ev": "exit", "code": failed, "timed_out": False, "duration_ms": 0.0})
                 return
+            except BaseException:
+                ours.close()
+                raise
             finally:
                 theirs.close()
             shell.control, shell.spec = ours, spec
@@ -512,9 +533,14 @@ class Agent:
         assert control is not None
         assert proc.stdout is not None
         assert proc.stderr is not None
-        shell.hand_over(command, directory, account)
         self.procs[rid] = proc  # a kill from the host ends the shell: the next call starts a fresh one
         window = self.streams[rid] = Window()
+        try:
+            shell.hand_over(command, directory, account)
+        except BaseException:
+            self.procs.pop(rid, None)
+            self.streams.pop(rid, None)
+            raise
         fds = {proc.stdout.fileno(): 1, proc.stderr.fileno(): 2}
         poller = select.poll()
         for fd in (*fds, control.fileno()):
@@ -541,11 +567,11 @@ class Agent:
                     elif window.room() > 0:
                         ended = not self.forward(rid, fd, fds, poller, window) and not fds
             if code is not None:
-                self.drain(rid, fds, poller, window)  # all the command wrote is in the pipes by now
+                self.drain(rid, fds, poller, window, deadline)  # all the command wrote is in the pipes by now
             else:
                 if ended and not window.cancelled and not timed_out:
                     # It ended by itself (exit N, set -e, exec): what it wrote before is still in the pipes.
-                    self.drain(rid, fds, poller, window, until_eof_s=0.25)
+                    self.drain(rid, fds, poller, window, deadline, until_eof_s=0.25)
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         code = proc.wait(SHELL_EXIT_S)  # its socket closed first: the process is still exiting
                 shell.close()  # a timeout or a kill ends it too, its background jobs included
@@ -577,18 +603,25 @@ class Agent:
         return True
 
     def drain(
-        self, rid: int, fds: dict[int, int], poller: select.poll, window: Window, until_eof_s: float = 0.0
+        self,
+        rid: int,
+        fds: dict[int, int],
+        poller: select.poll,
+        window: Window,
+        deadline: float | None,
+        until_eof_s: float = 0.0,
     ) -> None:
         """Send what the pipes hold now (``until_eof_s``: wait that long for their end of file), at most
-        :data:`SHELL_DRAIN_MAX` bytes: a background job that writes without end must not hold the call."""
+        :data:`SHELL_DRAIN_MAX` bytes: a background job that writes without end must not hold the call. Credit is
+        waited for until the call's deadline."""
         end = time.monotonic() + until_eof_s
         sent = 0
         while fds and sent < SHELL_DRAIN_MAX and not window.cancelled:
             left = end - time.monotonic()
             if window.room() <= 0:
-                window.wait(max(left, 1.0))
-                if window.room() <= 0:
+                if deadline is not None and time.monotonic() >= deadline:
                     return
+                window.wait(0.05 if deadline is None else min(deadline - time.monotonic(), 0.05))
                 continue
             ready = [fd for fd, _ in poller.poll(max(left, 0) * 1000) if fd in fds]
             if not ready:
@@ -1204,7 +1237,7 @@ class _WakingWindow(Window):
         self._wake()
 
 
-MAX_SHELLS = 8
+MAX_SHELLS = 16
 """Persistent shells kept at once: starting another closes the one used longest ago (its state is on disk)."""
 SHELL_STATUS_MAX = 4096
 """The most a shell's control socket may hold without a complete status line before the shell is taken as broken."""
@@ -1212,6 +1245,22 @@ SHELL_EXIT_S = 1.0
 """How long a shell that closed its control socket may take to exit before it is killed."""
 SHELL_DRAIN_MAX = 4 * 1024 * 1024
 """The most output read after a command's status: what background jobs write on without end waits for the next call."""
+
+
+def _fresh_file(folder: int, name: str) -> int:
+    """A new, empty regular file ``name`` in the directory ``folder``, opened for writing: whatever was there (a FIFO
+    that would block the open, a hard link to someone else's file, a symlink) is unlinked first, and the file is
+    created exclusively. Raises FileExistsError when something keeps taking the name."""
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=folder)
+        try:
+            return os.open(
+                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=folder
+            )
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "something in the workspace keeps creating it", name)
 
 
 def make_shell_dir(directory: str, account: Account | None) -> None:
@@ -1250,8 +1299,11 @@ class Shell:
         by the caller's loop)."""
         assert self.control is not None
         make_shell_dir(directory, account)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(directory + "/command", flags, 0o600)
+        folder = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = _fresh_file(folder, "command")
+        finally:
+            os.close(folder)
         try:
             if account is not None:
                 os.fchown(fd, account.uid, account.gid)
@@ -1667,9 +1719,27 @@ def open_beneath(h: Header) -> BinaryIO:
     return _at(h["beneath"], h["path"], act, follow=True)
 
 
+def writable_file(fd: int, path: str, owner: Account | None) -> None:
+    """Check that ``fd`` (opened without truncating, non-blocking: a FIFO that nobody reads would block the agent)
+    is a regular file, and, when it is to be given to ``owner``, not a hard link of some other file (which a user of
+    the workspace could plant to be handed, say, /etc/shadow); then truncate it and make its writes blocking.
+    Closes ``fd`` and raises ValueError otherwise."""
+    try:
+        info = os.fstat(fd)
+        if not statlib.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a regular file (a FIFO, device or socket); remove it first")
+        if owner is not None and info.st_nlink > 1 and info.st_uid != owner.uid:
+            raise ValueError(f"{path}: has other hard links and another owner; remove it first")
+        os.ftruncate(fd, 0)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def create_beneath(h: Header) -> int:
     """``write``: a descriptor of the file at ``path``, created (parents too) or truncated, beneath ``beneath``."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # truncated by writable_file
     mode = h.get("mode") or 0o644
     return _at(h["beneath"], h["path"], lambda d, n: os.open(n, flags, mode, dir_fd=d), follow=True, create=True)
 

@@ -425,13 +425,22 @@ class AgentBackedProvider:
         if "shell" not in conn.features:
             raise ShellUnavailableError(f"the agent of workspace {workspace_id} predates persistent shells")
         shell = {"op": "shell", "key": key, "dir": state_dir, "command": command}
+        admitted = False
 
         async def events() -> ExecStream:
+            nonlocal admitted
             async with self._gate(workspace_id).slot(workspace_id):
+                admitted = True
                 async for event in self._exec_stream(workspace_id, request, shell):
                     yield event
 
-        return await collect_exec(events(), output_limit=self.output_limit, provider=self.name)
+        try:
+            return await collect_exec(events(), output_limit=self.output_limit, provider=self.name)
+        except TooManyRequestsError as exc:
+            if not admitted:
+                raise  # the workspace's exec queue is full: a plain exec would be refused as well
+            # Every shell the agent keeps is running a command: this one runs in a shell of its own.
+            raise ShellUnavailableError(exc.message) from None
 
     async def _exec_stream(
         self, workspace_id: str, request: ExecRequest, shell: dict[str, str] | None = None
