@@ -4,8 +4,8 @@ the same tool call through ``corral mcp`` against the HTTP tool call.
 One server (gVisor), one session whose agent type enables bash, read and grep, and one ``corral mcp --session``
 subprocess driven by the ``mcp`` package's own stdio client (as an MCP host runs it). Every round runs each way once,
 in a fixed interleaved order, so load that comes and goes on the machine is spread evenly over all of them. Parts
-show where the time goes: ``/bin/bash -c true`` is the floor of any bash tool that starts a shell per call, and the
-SDK's own call is what ``corral mcp`` does for each MCP call before the stdio round trip.
+show where the time goes: ``/bin/bash -c true`` is what a bash tool that started a shell per call would cost at
+least, the SDK's call is the same tool call through httpx, and an MCP ping is the stdio round trip alone.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class _ToolSamples:
     sdk_bash: Samples = field(default_factory=Samples)
     mcp_bash: Samples = field(default_factory=Samples)
     mcp_read: Samples = field(default_factory=Samples)
+    mcp_ping: Samples = field(default_factory=Samples)
 
 
 async def _session(server: CorralServer) -> tuple[str, str]:
@@ -128,6 +129,9 @@ async def tool_latency(bench: Bench) -> None:
                     if _mcp_text(result) != "[exit code 0]":  # what corral mcp says for a silent success
                         raise ServerError(f"MCP bash `true` answered {result.content}")
 
+                async def mcp_ping() -> None:
+                    await mcp.send_ping()
+
                 async def mcp_read() -> None:
                     if not _mcp_text(await mcp.call_tool("read", {"path": "notes/fox.txt"})).startswith("line 0:"):
                         raise ServerError("MCP read returned something else than the file")
@@ -141,6 +145,7 @@ async def tool_latency(bench: Bench) -> None:
                     (samples.mcp_read, mcp_read),
                     (samples.grep, grep),
                     (samples.sdk_bash, sdk_bash),
+                    (samples.mcp_ping, mcp_ping),
                 ]
                 for round_ in range(bench.config.tool_calls + 1):  # round 0 is the warm-up
                     for bucket, call in ways:
@@ -192,12 +197,14 @@ def _rows(bench: Bench, samples: _ToolSamples) -> None:
                 f"{added_read:+.2f} ms",
             ),
         ),
+        Row("MCP: part: ping, the stdio round trip alone", samples.mcp_ping.measure(), bash, http_bash),
         Row("MCP: part: SDK (AsyncCorral, httpx) bash `true`", samples.sdk_bash.measure(), bash, http_bash),
     ]
     bench.notes.append(
         f"Tools: one gVisor session with bash, read and grep; {bench.config.tool_calls} rounds, each running every "
         "way once in turn: POST exec `true` (argv), the bash tool with `true`, the same through `corral mcp "
         "--session` (the mcp package's stdio client, as a host runs it), POST exec `/bin/bash -c true`, read of a "
-        "200-line file (HTTP and MCP), grep of it, and the bash tool through the SDK (what corral mcp calls). "
-        "HTTP calls go through the bench's lean keep-alive client; corral mcp uses the SDK (httpx)."
+        "200-line file (HTTP and MCP), grep of it, the bash tool through the SDK (httpx), and an MCP ping (the "
+        "stdio round trip with both sides' JSON-RPC, no HTTP). HTTP calls, corral mcp's included, go through the lean "
+        "keep-alive client (corral.client._lean)."
     )
