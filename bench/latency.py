@@ -377,8 +377,9 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
     bench.notes.append(
         f"Exec: {bench.config.execs} sequential round trips per variant (interleaved) of `true` in argv mode on a "
         "running workspace whose agent is up; provider = {GVisor,Docker}Provider.exec in the bench process; HTTP = "
-        "POST exec over one keep-alive connection (bench/http.py: h11, no httpx); plain = POST /containers/{id}/exec "
-        "+ POST /exec/{id}/start (attached, read to the end) + GET /exec/{id}/json, what `docker exec` does. Floors "
+        "POST exec over one keep-alive connection (corral.client._lean: h11, no httpx); plain = POST "
+        "/containers/{id}/exec + POST /exec/{id}/start (attached, read to the end) + GET /exec/{id}/json, what "
+        "`docker exec` does. Floors "
         f"in the same rounds: GET /healthz (no auth, no work) {http_floor.measure().p50:.2f} ms p50 through the "
         f"bench's HTTP client (httpx's async client adds about 2.5 ms per call here, hence the lean one); GET /_ping "
         f"through DockerEngine (httpx) {docker_floor.measure().p50:.2f} ms p50, and plain `docker exec` makes three "

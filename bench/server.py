@@ -66,7 +66,7 @@ class CorralServer:
         self.client = httpx.AsyncClient(base_url=self.url, headers=auth, timeout=300.0)
         """For setup, clean-up and concurrent requests."""
         self.lean = LeanClient("127.0.0.1", self.port, auth)
-        """For everything timed (see :mod:`bench.http`)."""
+        """For everything timed (see :mod:`corral.client._lean`)."""
         self.sessions: set[str] = set()
         self.workspaces: set[str] = set()
 

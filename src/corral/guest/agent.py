@@ -362,20 +362,27 @@ class Agent:
             self.spawner_seen = True
             return sock
 
-    # operations ---------------------------------------------------------------------------------------------------
-    def op_ping(self, h: Header) -> Header:
-        return {"pid": os.getpid(), "version": PROTOCOL_VERSION}
-
-    def op_exec(self, h: Header) -> None:
-        rid = h["id"]
-        env = dict(self.base_env)
+    def command_setup(
+        self, h: Header, defaults: dict[str, str] | None = None
+    ) -> tuple[dict[str, str], Account | None, float, float | None]:
+        """A command request's environment (the agent's, ``defaults``, its user's login variables, then its own
+        ``env``), its user's account, its start time and its deadline (None without ``timeout_s``)."""
+        env = {**self.base_env, **(defaults or {})}
         account = lookup_account(h["user"]) if h.get("user") else None
         if account is not None:
             env.update(account.env())
         env.update(h.get("env") or {})
         started = time.monotonic()
         timeout = h.get("timeout_s")
-        deadline: float | None = started + timeout if timeout else None
+        return env, account, started, started + timeout if timeout else None
+
+    # operations ---------------------------------------------------------------------------------------------------
+    def op_ping(self, h: Header) -> Header:
+        return {"pid": os.getpid(), "version": PROTOCOL_VERSION}
+
+    def op_exec(self, h: Header) -> None:
+        rid = h["id"]
+        env, account, started, deadline = self.command_setup(h)
         try:
             proc = self.spawn(h["argv"], h.get("cwd") or "/", env, account)
         except FileNotFoundError as exc:
@@ -501,14 +508,7 @@ class Agent:
 
     def run_in_shell(self, h: Header, shell: Shell, command: str, directory: str) -> None:
         rid = h["id"]
-        env = dict(self.base_env)
-        account = lookup_account(h["user"]) if h.get("user") else None
-        if account is not None:
-            env.update(account.env())
-        env.update(h.get("env") or {})
-        started = time.monotonic()
-        timeout = h.get("timeout_s")
-        deadline: float | None = started + timeout if timeout else None
+        env, account, started, deadline = self.command_setup(h)
         spec = (tuple(h["argv"]), h.get("cwd") or "/", tuple(sorted(env.items())), h.get("user") or "")
         if shell.spec != spec or shell.proc is None or shell.proc.poll() is not None:
             shell.close()  # gone, or started for another user, directory or environment: a fresh one restores state
@@ -642,15 +642,8 @@ class Agent:
             terminal.close()
 
     def run_terminal(self, rid: int, h: Header, terminal: Terminal) -> None:
-        env = dict(self.base_env)
-        env["TERM"] = "xterm-256color"  # what a terminal client renders; the request may say otherwise
-        account = lookup_account(h["user"]) if h.get("user") else None
-        if account is not None:
-            env.update(account.env())
-        env.update(h.get("env") or {})
-        started = time.monotonic()
-        timeout = h.get("timeout_s")
-        deadline: float | None = started + timeout if timeout else None
+        # TERM: what a terminal client renders; the request may say otherwise.
+        env, account, started, deadline = self.command_setup(h, {"TERM": "xterm-256color"})
         master, slave = terminal.master, terminal.slave
         assert slave is not None  # closed only once the command has started
         try:
