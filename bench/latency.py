@@ -92,13 +92,21 @@ async def wait_sessions(
 
 
 async def one_session(server: CorralServer, agent_type_id: str) -> SessionOutcome:
-    """POST a session, wait until it is active, end it (untimed). Raises when provisioning failed."""
+    """POST a session, wait until it is active, end it (untimed). Raises when provisioning failed.
+
+    A POST that answers ``active`` (a warm workspace, nothing to check out or set up) is ready when it returns: the
+    client knows it then, without another GET."""
     started = time.perf_counter()
-    session_id = await server.start_session(agent_type_id)
+    session = await server.post_session(agent_type_id)
+    session_id = str(session["id"])
     try:
-        outcome = (
-            await wait_sessions(server, {session_id: started}, poll_s=SESSION_POLL_S, timeout_s=SESSION_TIMEOUT_S)
-        )[session_id]
+        if session["status"] == "active":
+            ok = not session["degraded"] and session["workspace_id"] is not None
+            outcome = SessionOutcome((time.perf_counter() - started) * 1000, ok, "active", session["workspace_id"])
+        else:
+            outcome = (
+                await wait_sessions(server, {session_id: started}, poll_s=SESSION_POLL_S, timeout_s=SESSION_TIMEOUT_S)
+            )[session_id]
         if not outcome.ok:
             raise ServerError(f"{server.name}: session {session_id} did not become active: {outcome.detail}")
         return outcome
@@ -260,8 +268,9 @@ def start_rows(bench: Bench, starts: Starts) -> None:
         "Session ready: an agent type with a workspace, repo_source none, no setup commands. Warm: a server with "
         f"CORRAL_WARM_POOL_SIZE={bench.config.warm_pool}, the pool refilled and settled ({POOL_SETTLE_S:g} s) before "
         f"each start; {starts.pooled_sessions}/{n} sessions and {starts.pooled_creates}/{n} creates got a pooled "
-        "workspace. Cold: a server without a pool, measured after the warm server was stopped. The client polls GET "
-        f"session back to back ({SESSION_POLL_S * 1000:g} ms apart), so a ready time is late by at most one GET.",
+        "workspace. Cold: a server without a pool, measured after the warm server was stopped. A POST that answers "
+        "`active` (warm) is ready when it returns; otherwise the client polls GET session back to back "
+        f"({SESSION_POLL_S * 1000:g} ms apart), so a ready time is late by at most one GET.",
         "Create: HTTP = POST /workspaces (201 = running) then POST exec `true` (argv); provider = "
         "GVisorProvider.create + .exec in the bench process; plain = create + start of a container with Corral's "
         f"hardening flags under {runtime} (no volume: `docker run -d --runtime={runtime} --network=none IMAGE sleep "

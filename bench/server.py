@@ -196,10 +196,17 @@ class CorralServer:
         return str(created["id"])
 
     async def start_session(self, agent_type_id: str) -> str:
-        """``POST /api/v1/agent/sessions``; returns the id (the session is ``provisioning``)."""
-        session = await self.call("POST", "/api/v1/agent/sessions", json={"agent_type_id": agent_type_id}, expect=201)
+        """``POST /api/v1/agent/sessions``; returns the id (the session is ``provisioning``, or already ``active``
+        when a warm workspace served it)."""
+        return str((await self.post_session(agent_type_id))["id"])
+
+    async def post_session(self, agent_type_id: str) -> dict[str, Any]:
+        """``POST /api/v1/agent/sessions``; returns the session as the answer shows it."""
+        session: dict[str, Any] = await self.call(
+            "POST", "/api/v1/agent/sessions", json={"agent_type_id": agent_type_id}, expect=201
+        )
         self.sessions.add(session["id"])
-        return str(session["id"])
+        return session
 
     async def start_sessions(self, agent_type_id: str, count: int) -> list[str | BaseException]:
         """``count`` POST session requests in flight at once (httpx, one connection each); the ids or the errors."""
