@@ -116,12 +116,13 @@ async def _gone(pid: int, deadline_s: float = 5) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not; one reaped between the two checks neither)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
         return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ")[1][0] != "Z"
 
 
 async def test_stdin_is_not_the_control_socket_and_redirections_do_not_stick(
