@@ -186,6 +186,18 @@ class Agent:
             except (BrokenPipeError, ValueError):
                 os._exit(0)  # the host went away; nothing left to serve
 
+    def send_exit(self, rid: int, code: int, timed_out: bool, started: float) -> None:
+        """A command's last frame: its exit status (a signal ``-N`` as ``128 + N``, as a shell says it)."""
+        self.send(
+            {
+                "id": rid,
+                "ev": "exit",
+                "code": 128 - code if code < 0 else code,
+                "timed_out": timed_out,
+                "duration_ms": (time.monotonic() - started) * 1000,
+            }
+        )
+
     def result(self, rid: int, value: Header) -> None:
         header = {"id": rid, "ev": "result", "result": value}
         if len(json.dumps(header, separators=(",", ":"))) > MAX_HEADER:
@@ -445,15 +457,7 @@ class Agent:
             stderr.close()
         if timed_out:
             kill_group(proc)  # children that outlived the leader
-        self.send(
-            {
-                "id": rid,
-                "ev": "exit",
-                "code": 128 - code if code < 0 else code,
-                "timed_out": timed_out,
-                "duration_ms": (time.monotonic() - started) * 1000,
-            }
-        )
+        self.send_exit(rid, code, timed_out, started)
         return
 
     def op_shell(self, h: Header) -> None:
@@ -580,15 +584,7 @@ class Agent:
             self.streams.pop(rid, None)
         if code is None:
             code = -signal.SIGKILL
-        self.send(
-            {
-                "id": rid,
-                "ev": "exit",
-                "code": 128 - code if code < 0 else code,
-                "timed_out": timed_out,
-                "duration_ms": (time.monotonic() - started) * 1000,
-            }
-        )
+        self.send_exit(rid, code, timed_out, started)
 
     def forward(self, rid: int, fd: int, fds: dict[int, int], poller: select.poll, window: Window) -> bool:
         """Send what one of a command's pipes holds as an ``out`` frame; False (and the pipe unregistered) at its
@@ -713,15 +709,7 @@ class Agent:
         finally:
             self.procs.pop(rid, None)
             self.streams.pop(rid, None)
-        self.send(
-            {
-                "id": rid,
-                "ev": "exit",
-                "code": 128 - code if code < 0 else code,
-                "timed_out": timed_out,
-                "duration_ms": (time.monotonic() - started) * 1000,
-            }
-        )
+        self.send_exit(rid, code, timed_out, started)
 
     def op_pty_resize(self, h: Header) -> Header:
         terminal = self.terminals.get(h.get("target", -1))

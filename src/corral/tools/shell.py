@@ -64,15 +64,10 @@ _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 # (``compgen -e`` would need a command substitution, which forks).
 _ALL_NAMES = " ".join(f'"${{!{c}@}}"' for c in string.ascii_uppercase + string.ascii_lowercase + "_")
 
-# $1 is the state directory. Every helper name starts with __corral_ to stay out of the agent's way. Nothing here
-# starts a process, except the first call of a session, which creates the directory.
-SHELL_SCRIPT = rf"""
-__corral_dir=$1
-set --
-__corral_cmd=$CORRAL_BASH_COMMAND
-unset CORRAL_BASH_COMMAND
-[ -d "$__corral_dir" ] || (umask 077 && mkdir -p -- "$__corral_dir") 2>/dev/null
-__corral_gen=0
+# Shared by both scripts below (``$__corral_dir`` is the state directory): the restore reads the newest complete
+# slot (or the earlier format) into exported variables and ``__corral_cwd``; ``__corral_save`` writes the next
+# generation into the other slot.
+_RESTORE = rf"""__corral_gen=0
 __corral_cwd=/workspace
 __corral_reset() {{
     for __corral_name in {_ALL_NAMES}; do
@@ -85,22 +80,34 @@ if [ "$__corral_gen" = 0 ] && [ -f "$__corral_dir/env" ]; then
     . "$__corral_dir/env" 2>/dev/null
     IFS= read -r -d '' __corral_cwd < "$__corral_dir/cwd" 2>/dev/null
 fi
-__corral_oldpwd=${{OLDPWD-}}
+"""
+_SAVE = r"""__corral_save() {
+    local g=$((__corral_gen + 1))
+    {
+        builtin printf '# corral shell state %s\nif (( %s > __corral_gen )); then\n__corral_gen=%s\n__corral_reset\n' \
+            "$g" "$g" "$g"
+        builtin declare -px
+        builtin printf '__corral_cwd=%q\nfi\n' "$PWD"
+    } >| "$__corral_dir/state.$((g % 2))"
+    __corral_gen=$g
+}
+"""
+
+# $1 is the state directory. Every helper name starts with __corral_ to stay out of the agent's way. Nothing here
+# starts a process, except the first call of a session, which creates the directory.
+SHELL_SCRIPT = rf"""
+__corral_dir=$1
+set --
+__corral_cmd=$CORRAL_BASH_COMMAND
+unset CORRAL_BASH_COMMAND
+[ -d "$__corral_dir" ] || (umask 077 && mkdir -p -- "$__corral_dir") 2>/dev/null
+{_RESTORE}__corral_oldpwd=${{OLDPWD-}}
 if ! {{ [ -d "$__corral_cwd" ] && [ -x "$__corral_cwd" ] && cd -- "$__corral_cwd"; }}; then
     printf 'corral: the working directory %s is gone; starting in /workspace\n' "$__corral_cwd" >&2
     cd /workspace || exit 1
 fi
 [ -n "$__corral_oldpwd" ] && OLDPWD=$__corral_oldpwd
-__corral_save() {{
-    local g=$((__corral_gen + 1))
-    {{
-        builtin printf '# corral shell state %s\nif (( %s > __corral_gen )); then\n__corral_gen=%s\n__corral_reset\n' \
-            "$g" "$g" "$g"
-        builtin declare -px
-        builtin printf '__corral_cwd=%q\nfi\n' "$PWD"
-    }} >| "$__corral_dir/state.$((g % 2))"
-}}
-trap '__corral_rc=$?; set +eu; __corral_save; exit $__corral_rc' EXIT
+{_SAVE}trap '__corral_rc=$?; set +eu; __corral_save; exit $__corral_rc' EXIT
 unset __corral_name __corral_cwd __corral_oldpwd
 eval "$__corral_cmd"
 """
@@ -110,36 +117,13 @@ eval "$__corral_cmd"
 # per call it reads the serial from stdin, the command from $1/command, runs it with stdin from /dev/null, saves the
 # state and answers "<serial> <status>" on stdin (a socket). Each call starts from the shell's own stdin, stdout and
 # stderr again (copies kept on high descriptors), whatever ``exec <>`` the call before did. Everything but the
-# command's own work is builtins. The
-# EXIT trap saves the state of a command that ends the shell (exit, set -e); the shell's exit status is then the
-# command's. set -e, -u, -v and -x hold only for the call that sets them: the driver's own steps run without them.
+# command's own work is builtins. The EXIT trap saves the state of a command that ends the shell (exit, set -e); the
+# shell's exit status is then the command's. set -e, -u, -v and -x hold only for the call that sets them: the driver's
+# own steps run without them.
 PERSISTENT_SCRIPT = rf"""
 __corral_dir=$1
 set --
-__corral_gen=0
-__corral_cwd=/workspace
-__corral_reset() {{
-    for __corral_name in {_ALL_NAMES}; do
-        [[ ${{!__corral_name@a}} == *x* ]] && unset "$__corral_name"
-    done
-}}
-{{ . "$__corral_dir/state.0"; . "$__corral_dir/state.1"; }} 2>/dev/null
-if [ "$__corral_gen" = 0 ] && [ -f "$__corral_dir/env" ]; then
-    __corral_reset
-    . "$__corral_dir/env" 2>/dev/null
-    IFS= read -r -d '' __corral_cwd < "$__corral_dir/cwd" 2>/dev/null
-fi
-__corral_save() {{
-    local g=$((__corral_gen + 1))
-    {{
-        builtin printf '# corral shell state %s\nif (( %s > __corral_gen )); then\n__corral_gen=%s\n__corral_reset\n' \
-            "$g" "$g" "$g"
-        builtin declare -px
-        builtin printf '__corral_cwd=%q\nfi\n' "$PWD"
-    }} >| "$__corral_dir/state.$((g % 2))"
-    __corral_gen=$g
-}}
-PWD=$__corral_cwd
+{_RESTORE}{_SAVE}PWD=$__corral_cwd
 unset __corral_name __corral_cwd
 exec {{__corral_ctl}}<&0 {{__corral_out}}>&1 {{__corral_err}}>&2
 while :; do
