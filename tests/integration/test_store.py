@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
@@ -18,7 +20,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import Connection, inspect, make_url, text
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
@@ -292,6 +294,80 @@ async def test_claims_from_a_warm_pool_never_hand_out_a_workspace_twice(store: S
     assert all(c.pool_key is None and c.from_warm_pool and c.last_used_at is not None for c in claimed)
     assert await store.workspaces.claim_from_pool("docker:base") is None
     assert len(await store.workspaces.list(pool_key="gvisor:base")) == 1
+
+
+async def test_a_claim_writes_the_fields_it_is_given_and_keeps_the_others(store: Store) -> None:
+    """Claims with different sets of fields (each its own prepared statement) write exactly those fields."""
+    kept = {"image": "corral/workspace:base", "size": "small"}
+    for _ in range(2):
+        await _workspace(store, status="ready", pool_key="docker:base", metadata=kept, warnings=["pool warning"])
+
+    given = await store.workspaces.claim_from_pool(
+        "docker:base",
+        requested_provider="docker",
+        container_type="agent_workspace",
+        metadata={"session_id": "s1"},
+        warnings=["claimed"],
+        provider_attempts=[ProviderAttempt("gvisor", "runsc is missing")],
+    )
+    bare = await store.workspaces.claim_from_pool("docker:base")
+
+    assert given is not None and bare is not None and given.id != bare.id
+    assert given.metadata == {"session_id": "s1"} and list(given.warnings) == ["claimed"]
+    assert (given.requested_provider, given.container_type) == ("docker", "agent_workspace")
+    assert list(given.provider_attempts) == [ProviderAttempt("gvisor", "runsc is missing")]
+    assert bare.metadata == kept and list(bare.warnings) == ["pool warning"]
+    assert await store.workspaces.get(given.id) == given
+    assert await store.workspaces.get(bare.id) == bare
+
+
+async def test_short_transactions_run_in_one_call_on_a_sqlite_file(store: Store, database_url: str) -> None:
+    """On a SQLite file the whole transaction runs on the store's worker thread (one wake-up of the event loop, not
+    one per statement); on PostgreSQL it runs through the async session."""
+    sqlite = database_url.startswith("sqlite")
+    seen: list[str] = []
+
+    def work(session: Any) -> int:
+        seen.append(threading.current_thread().name)
+        return int(session.execute(text("SELECT 41 + 1")).scalar_one())
+
+    assert store.transactions.one_call is sqlite
+    assert await store.transactions.run(work) == 42
+    assert seen[0].startswith("corral-db") if sqlite else seen[0] == threading.main_thread().name, seen
+
+
+async def test_a_short_transaction_that_raises_leaves_nothing_behind(store: Store) -> None:
+    """A failure inside the work rolls back what it wrote before failing."""
+    created = await _workspace(store)
+
+    def work(session: Any) -> None:
+        session.execute(text("UPDATE workspaces SET status = 'error' WHERE id = :id"), {"id": created.id})
+        raise RuntimeError("half way")
+
+    with pytest.raises(RuntimeError, match="half way"):
+        await store.transactions.run(work)
+    assert await store.workspaces.get(created.id) == created
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+async def test_a_claim_waiting_for_the_sqlite_write_lock_leaves_the_event_loop_free(
+    store: Store, database_url: str
+) -> None:
+    """Another writer holds SQLite's lock: the claim waits for it on the worker thread while the event loop keeps
+    running, and succeeds once the lock is released."""
+    pooled = await _workspace(store, status="ready", pool_key="docker:base")
+    holder = sqlite3.connect(make_url(database_url).database or "", isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # the database's write lock, until the rollback below
+        claim = asyncio.create_task(store.workspaces.claim_from_pool("docker:base"))
+        # A claim run on the event loop's thread would hold it here until SQLite's busy timeout failed the claim.
+        await asyncio.sleep(0.2)
+        assert not claim.done()
+        holder.execute("ROLLBACK")
+        claimed = await asyncio.wait_for(claim, 10)
+    finally:
+        holder.close()
+    assert claimed is not None and claimed.id == pooled.id
 
 
 # --- snapshots -------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
 
 from corral.credentials import redact_text
 from corral.errors import InvalidRequestError
@@ -27,6 +28,7 @@ from corral.store._common import (
     status_list,
     update_returning,
 )
+from corral.store.db import Transactions
 from corral.store.models import AgentTypeRow, SessionRow, utcnow
 from corral.store.records import UNSET, SessionRecord, SessionStatus, Unset
 
@@ -36,8 +38,9 @@ __all__ = ["SessionRepository"]
 class SessionRepository:
     """Agent sessions."""
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], transactions: Transactions) -> None:
         self._sessions = sessions
+        self._transactions = transactions
 
     @finish_when_cancelled
     async def create(
@@ -71,12 +74,14 @@ class SessionRepository:
         with database_errors(
             {"foreign key": unknown, "fk_sessions_agent_type_id": unknown, "sessions.id": taken, "pk_sessions": taken}
         ):
-            async with self._sessions.begin() as session:
-                if workspace_config is None:
-                    agent_type = await session.get(AgentTypeRow, agent_type_id)
+
+            def insert(session: Session) -> SessionRow:
+                config = workspace_config
+                if config is None:
+                    agent_type = session.get(AgentTypeRow, agent_type_id)
                     if agent_type is None:
                         raise InvalidRequestError(unknown, details={"agent_type_id": agent_type_id})
-                    workspace_config = agent_type.workspace_config
+                    config = agent_type.workspace_config
                 row = SessionRow(
                     id=session_id,
                     agent_type_id=agent_type_id,
@@ -87,12 +92,16 @@ class SessionRepository:
                     task_context=dict(task_context or {}),
                     # A deep copy through JSON would be stricter, but the value is serialized on insert anyway and
                     # the record hands out its own dict.
-                    workspace_config=dict(workspace_config),
+                    workspace_config=dict(config),
                     warnings=[redact_text(w) for w in warnings],
                     created_at=now,
                     updated_at=now,
                 )
                 session.add(row)
+                return row
+
+            # A warm session start waits for this insert: one call, not one per statement.
+            row = await self._transactions.run(insert)
         return SessionRecord._from_row(row)
 
     async def get(self, session_id: str) -> SessionRecord | None:

@@ -25,7 +25,7 @@ from corral.errors import CorralError
 from corral.store._common import database_errors, first_line
 from corral.store.agent_types import AgentTypeRepository
 from corral.store.audit import AuditRepository
-from corral.store.db import async_url, create_engine, create_session_factory, migrate
+from corral.store.db import Transactions, async_url, create_engine, create_session_factory, migrate
 from corral.store.sessions import SessionRepository
 from corral.store.snapshots import SnapshotRepository
 from corral.store.workspaces import WorkspaceRepository
@@ -43,10 +43,12 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         sessions = create_session_factory(engine)
-        self.workspaces = WorkspaceRepository(sessions)
+        self.transactions = Transactions(engine, sessions)
+        """For the hot path's short transactions: each in one call (see :class:`Transactions`)."""
+        self.workspaces = WorkspaceRepository(sessions, self.transactions)
         self.snapshots = SnapshotRepository(sessions)
         self.agent_types = AgentTypeRepository(sessions)
-        self.sessions = SessionRepository(sessions)
+        self.sessions = SessionRepository(sessions, self.transactions)
         self.audit = AuditRepository(sessions)
 
     @classmethod
@@ -88,6 +90,7 @@ class Store:
 
     async def close(self) -> None:
         """Close every pooled connection. The store must not be used afterwards."""
+        self.transactions.close()
         await self.engine.dispose()
 
     async def __aenter__(self) -> Self:
