@@ -349,6 +349,19 @@ async def test_a_short_transaction_that_raises_leaves_nothing_behind(store: Stor
     assert await store.workspaces.get(created.id) == created
 
 
+async def test_a_store_used_after_close_still_answers(database_url: str) -> None:
+    """A shutdown's late writer (a provisioning task finishing) still gets its claim: the store reconnects as the
+    async engine always did, instead of failing on a stopped worker thread."""
+    store = await Store.open(database_url)
+    pooled = await _workspace(store, status="ready", pool_key="docker:base")
+    await store.close()
+    try:
+        claimed = await store.workspaces.claim_from_pool("docker:base")
+        assert claimed is not None and claimed.id == pooled.id
+    finally:
+        await store.close()
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 async def test_a_claim_waiting_for_the_sqlite_write_lock_leaves_the_event_loop_free(
     store: Store, database_url: str

@@ -126,6 +126,7 @@ class Transactions:
         self._sessions = sessions
         self._sync: Engine | None = None
         self._worker: ThreadPoolExecutor | None = None
+        self._closed = False
         url = engine.url
         database = url.database or ""
         # A URI name ("file:...") may be a shared in-memory database, which a second engine would not see.
@@ -141,7 +142,8 @@ class Transactions:
 
     async def run(self, work: Callable[[Session], T]) -> T:
         """``work(session)`` inside a transaction, committed when it returns and rolled back when it raises."""
-        if self._sync is None or self._worker is None:
+        if self._sync is None or self._worker is None or self._closed:
+            # After close (a shutdown's stragglers) too: the async engine reconnects, the worker is gone.
             async with self._sessions.begin() as session:
                 return await session.run_sync(work)
         return await asyncio.get_running_loop().run_in_executor(self._worker, self._in_thread, work)
@@ -151,10 +153,12 @@ class Transactions:
         with Session(self._sync, expire_on_commit=False) as session, session.begin():
             return work(session)
 
-    def close(self) -> None:
-        """Wait for the running transaction, then close the sync engine's connections."""
+    async def aclose(self) -> None:
+        """Let queued transactions finish (waiting off the event loop, which may hold the lock they wait for), then
+        close the sync engine's connections. Later :meth:`run` calls go through the async session."""
+        self._closed = True
         if self._worker is not None:
-            self._worker.shutdown(wait=True)
+            await asyncio.to_thread(self._worker.shutdown, wait=True)
         if self._sync is not None:
             self._sync.dispose()
 

@@ -90,7 +90,7 @@ class Store:
 
     async def close(self) -> None:
         """Close every pooled connection. The store must not be used afterwards."""
-        self.transactions.close()
+        await self.transactions.aclose()
         await self.engine.dispose()
 
     async def __aenter__(self) -> Self:
