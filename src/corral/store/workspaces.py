@@ -236,20 +236,22 @@ class WorkspaceRepository:
         in the same statement (one write on the hot path of a warm start).
         """
         now = utcnow()
-        fields = {
-            "pool_key": None,
-            "from_warm_pool": True,
-            "last_used_at": now,
-            "updated_at": now,
-            "requested_provider": requested_provider,
-            "container_type": container_type,
-            "metadata_": plain(metadata),
-            "warnings": plain(warnings),
-            "provider_attempts": attempt_dicts(provider_attempts),
-        }
-        values = {name: value for name, value in fields.items() if value is not UNSET}
-        statement = _claim_statement(tuple(values))
-        params = {"claim_key": pool_key, **{f"set_{name}": value for name, value in values.items()}}
+        values = given(
+            {
+                WorkspaceRow.pool_key: None,
+                WorkspaceRow.from_warm_pool: True,
+                WorkspaceRow.last_used_at: now,
+                WorkspaceRow.requested_provider: requested_provider,
+                WorkspaceRow.container_type: container_type,
+                WorkspaceRow.metadata_: plain(metadata),
+                WorkspaceRow.warnings: plain(warnings),
+                WorkspaceRow.provider_attempts: attempt_dicts(provider_attempts),
+            },
+            updated_at=WorkspaceRow.updated_at,
+            now=now,
+        )
+        statement = _claim_statement(tuple(column.key for column in values))
+        params = {"claim_key": pool_key, **{f"set_{column.key}": value for column, value in values.items()}}
 
         def claim(session: Session) -> WorkspaceRow | None:
             return session.scalars(statement, params, execution_options={"synchronize_session": False}).first()
