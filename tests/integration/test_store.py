@@ -323,13 +323,13 @@ async def test_a_claim_writes_the_fields_it_is_given_and_keeps_the_others(store:
 
 async def test_short_transactions_run_in_one_call_on_a_sqlite_file(store: Store, database_url: str) -> None:
     """On a SQLite file the whole transaction runs on the store's worker thread (one wake-up of the event loop, not
-    one per statement); on PostgreSQL it runs through the async session."""
+    one per statement); on PostgreSQL it runs through the async engine."""
     sqlite = database_url.startswith("sqlite")
     seen: list[str] = []
 
-    def work(session: Any) -> int:
+    def work(connection: Any) -> int:
         seen.append(threading.current_thread().name)
-        return int(session.execute(text("SELECT 41 + 1")).scalar_one())
+        return int(connection.execute(text("SELECT 41 + 1")).scalar_one())
 
     assert store.transactions.one_call is sqlite
     assert await store.transactions.run(work) == 42
@@ -340,8 +340,8 @@ async def test_a_short_transaction_that_raises_leaves_nothing_behind(store: Stor
     """A failure inside the work rolls back what it wrote before failing."""
     created = await _workspace(store)
 
-    def work(session: Any) -> None:
-        session.execute(text("UPDATE workspaces SET status = 'error' WHERE id = :id"), {"id": created.id})
+    def work(connection: Any) -> None:
+        connection.execute(text("UPDATE workspaces SET status = 'error' WHERE id = :id"), {"id": created.id})
         raise RuntimeError("half way")
 
     with pytest.raises(RuntimeError, match="half way"):

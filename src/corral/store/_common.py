@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from sqlalchemy import ColumnElement, update
+from sqlalchemy import ColumnElement, Label, Table, inspect, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
@@ -33,7 +33,9 @@ __all__ = [
     "given",
     "new_id",
     "plain",
+    "row_columns",
     "status_list",
+    "table",
     "update_returning",
 ]
 
@@ -143,6 +145,18 @@ def status_list(status: str | Collection[str] | None) -> list[str] | None:
 
 _RowT = TypeVar("_RowT", WorkspaceRow, AgentTypeRow, SessionRow, SnapshotRow)
 _WarnedRowT = TypeVar("_WarnedRowT", WorkspaceRow, SessionRow)
+
+
+@functools.cache
+def row_columns(model: type[_RowT]) -> tuple[Label[Any], ...]:
+    """Every column of ``model``'s table labelled with its attribute's name, for a Core statement's ``RETURNING``:
+    the rows it returns read like the model's (``row.metadata_``), so a record's ``_from_row`` takes either."""
+    return tuple(attribute.columns[0].label(attribute.key) for attribute in inspect(model).column_attrs)
+
+
+def table(model: type[_RowT]) -> Table:
+    """``model``'s table, for Core statements."""
+    return model.metadata.tables[model.__tablename__]
 
 
 async def update_returning(

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, cast
 
+from sqlalchemy import Row
+
 from corral.store.models import AgentTypeRow, AuditEntryRow, SessionRow, SnapshotRow, WorkspaceRow
 
 __all__ = [
@@ -79,7 +81,7 @@ class WorkspaceRecord:
     destroyed_at: datetime | None
 
     @classmethod
-    def _from_row(cls, row: WorkspaceRow) -> WorkspaceRecord:
+    def _from_row(cls, row: WorkspaceRow | Row[Any]) -> WorkspaceRecord:
         return cls(
             id=row.id,
             status=cast(WorkspaceStatus, row.status),
@@ -185,7 +187,7 @@ class SessionRecord:
     ended_at: datetime | None
 
     @classmethod
-    def _from_row(cls, row: SessionRow) -> SessionRecord:
+    def _from_row(cls, row: SessionRow | Row[Any]) -> SessionRecord:
         return cls(
             id=row.id,
             agent_type_id=row.agent_type_id,

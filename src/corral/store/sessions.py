@@ -12,9 +12,8 @@ import builtins
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Connection, Row, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Session
 
 from corral.credentials import redact_text
 from corral.errors import InvalidRequestError
@@ -25,7 +24,9 @@ from corral.store._common import (
     given,
     new_id,
     plain,
+    row_columns,
     status_list,
+    table,
     update_returning,
 )
 from corral.store.db import Transactions
@@ -33,6 +34,10 @@ from corral.store.models import AgentTypeRow, SessionRow, utcnow
 from corral.store.records import UNSET, SessionRecord, SessionStatus, Unset
 
 __all__ = ["SessionRepository"]
+
+_INSERT = insert(table(SessionRow)).returning(*row_columns(SessionRow))
+"""A session's insert, built once (Core, not the ORM's unit of work: see corral.store.db.Transactions); its
+parameters are the table's column names."""
 
 
 class SessionRepository:
@@ -75,33 +80,34 @@ class SessionRepository:
             {"foreign key": unknown, "fk_sessions_agent_type_id": unknown, "sessions.id": taken, "pk_sessions": taken}
         ):
 
-            def insert(session: Session) -> SessionRow:
+            def add(connection: Connection) -> Row[Any]:
                 config = workspace_config
                 if config is None:
-                    agent_type = session.get(AgentTypeRow, agent_type_id)
-                    if agent_type is None:
+                    config = connection.scalar(
+                        select(AgentTypeRow.workspace_config).where(AgentTypeRow.id == agent_type_id)
+                    )
+                    if config is None:
                         raise InvalidRequestError(unknown, details={"agent_type_id": agent_type_id})
-                    config = agent_type.workspace_config
-                row = SessionRow(
-                    id=session_id,
-                    agent_type_id=agent_type_id,
-                    status=status,
-                    degraded=degraded,
-                    degraded_reason=redact_text(degraded_reason) if degraded_reason else degraded_reason,
-                    workspace_id=workspace_id,
-                    task_context=dict(task_context or {}),
+                values = {
+                    "id": session_id,
+                    "agent_type_id": agent_type_id,
+                    "status": status,
+                    "degraded": degraded,
+                    "degraded_reason": redact_text(degraded_reason) if degraded_reason else degraded_reason,
+                    "workspace_id": workspace_id,
+                    "task_context": dict(task_context or {}),
                     # A deep copy through JSON would be stricter, but the value is serialized on insert anyway and
                     # the record hands out its own dict.
-                    workspace_config=dict(config),
-                    warnings=[redact_text(w) for w in warnings],
-                    created_at=now,
-                    updated_at=now,
-                )
-                session.add(row)
-                return row
+                    "workspace_config": dict(config),
+                    "warnings": [redact_text(w) for w in warnings],
+                    "created_at": now,
+                    "updated_at": now,
+                    "ended_at": None,
+                }
+                return connection.execute(_INSERT, values).one()
 
             # A warm session start waits for this insert: one call, not one per statement.
-            row = await self._transactions.run(insert)
+            row = await self._transactions.run(add)
         return SessionRecord._from_row(row)
 
     async def get(self, session_id: str) -> SessionRecord | None:

@@ -43,7 +43,7 @@ class Store:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         sessions = create_session_factory(engine)
-        self.transactions = Transactions(engine, sessions)
+        self.transactions = Transactions(engine)
         """For the hot path's short transactions: each in one call (see :class:`Transactions`)."""
         self.workspaces = WorkspaceRepository(sessions, self.transactions)
         self.snapshots = SnapshotRepository(sessions)

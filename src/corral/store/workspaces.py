@@ -16,9 +16,8 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Update, bindparam, delete, select, update
+from sqlalchemy import Connection, Row, Update, bindparam, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-from sqlalchemy.orm import Session
 
 from corral.errors import WorkspaceNotFoundError
 from corral.store._common import (
@@ -29,7 +28,9 @@ from corral.store._common import (
     given,
     new_id,
     plain,
+    row_columns,
     status_list,
+    table,
     update_returning,
 )
 from corral.store.db import Transactions
@@ -253,8 +254,8 @@ class WorkspaceRepository:
         statement = _claim_statement(tuple(column.key for column in values))
         params = {"claim_key": pool_key, **{f"set_{column.key}": value for column, value in values.items()}}
 
-        def claim(session: Session) -> WorkspaceRow | None:
-            return session.scalars(statement, params, execution_options={"synchronize_session": False}).first()
+        def claim(connection: Connection) -> Row[Any] | None:
+            return connection.execute(statement, params).first()
 
         with database_errors():  # a warm start waits for this: one call, not one per statement
             row = await self._transactions.run(claim)
@@ -284,4 +285,5 @@ def _claim_statement(columns: tuple[str, ...]) -> Update:
         getattr(WorkspaceRow, name): bindparam(f"set_{name}", type_=getattr(WorkspaceRow, name).type)
         for name in columns
     }
-    return update(WorkspaceRow).where(where).values(values).returning(WorkspaceRow)
+    # Core, not the ORM's bulk UPDATE: the same SQL at half the Python cost (see corral.store.db.Transactions).
+    return update(table(WorkspaceRow)).where(where).values(values).returning(*row_columns(WorkspaceRow))
