@@ -166,13 +166,19 @@ class Settings(BaseSettings):
     """CORRAL_WARM_POOL_SIZE: warm workspaces kept for the default pool (default provider, image and limits, isolated
     network). 0 turns the default pool off."""
 
+    warm_pool_growth: int = Field(4, ge=1, le=100)
+    """CORRAL_WARM_POOL_GROWTH: a burst of requests (within 0.5 s) larger than a pool grows it to that many, up to this
+    many times its size (at most 100), until 10 minutes after the last such burst; 1 keeps pools at their size.
+    ``max_size`` in CORRAL_WARM_POOLS overrides it per pool."""
+
     e2b_warm_pool_size: int = Field(2, ge=0, le=100)
     """CORRAL_E2B_WARM_POOL_SIZE: warm workspaces kept for E2B's default sandbox (``Sandbox.create()``: the default
     provider, image and limits, networked as E2B sandboxes are by default). 0 turns this pool off."""
 
     warm_pools: str = "[]"
-    """CORRAL_WARM_POOLS: extra pools as JSON, e.g. ``[{"provider": "gvisor", "size": 2, "network": "default",
-    "resource_limits": {"cpu": "1", "memory": "1G"}, "image": "corral/workspace:base"}]``."""
+    """CORRAL_WARM_POOLS: extra pools as JSON, e.g. ``[{"provider": "gvisor", "size": 2, "max_size": 8,
+    "network": "default", "resource_limits": {"cpu": "1", "memory": "1G"}, "image": "corral/workspace:base"}]``
+    (``max_size``, how far a burst may grow the pool, defaults to CORRAL_WARM_POOL_GROWTH times ``size``)."""
 
     setup_pool_size: int = Field(1, ge=0, le=100)
     """CORRAL_SETUP_POOL_SIZE: warm workspaces kept restored from the newest setup snapshot of each agent type with

@@ -109,9 +109,11 @@ def spec(
     image: str | None = None,
     limits: ResourceLimits | None = None,
     network: str = "isolated",
+    max_size: int = 0,
 ) -> PoolSpec:
     """A pool of the default shape (the server's base image and default limits, isolated network)."""
-    return PoolSpec(provider, image or service.settings.base_image, limits or service.default_limits(), network, size)
+    image = image or service.settings.base_image
+    return PoolSpec(provider, image, limits or service.default_limits(), network, size, max_size=max_size)
 
 
 async def filled(service: WorkspaceService, *specs: PoolSpec) -> WarmPools:
@@ -374,6 +376,112 @@ async def test_when_every_warm_workspace_died_a_live_one_is_still_returned(
         assert (await service.get(gone.id)).status == "destroyed"
 
 
+# --- growing ahead of a burst --------------------------------------------------------------------------------------
+
+
+async def _burst(service: WorkspaceService, n: int) -> list[WorkspaceRecord]:
+    """``n`` creates at once."""
+    return list(await asyncio.gather(*(service.create(CreateWorkspace()) for _ in range(n))))
+
+
+async def _ready_count(service: WorkspaceService, key: str, n: int) -> None:
+    """Wait until the pool holds exactly ``n`` ready workspaces and no refill runs."""
+
+    async def reached() -> bool:
+        return len(await warm(service, key)) == n and not refills_running()
+
+    await eventually(reached)
+
+
+async def test_a_burst_grows_the_pool_so_the_same_burst_again_is_all_warm(
+    service: WorkspaceService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Six requests at once on a pool of one: one is warm, five cold; the pool grows to six, and six more at once
+    are all warm."""
+    caplog.set_level(logging.INFO, logger=pool_module.__name__)
+    pool = spec(service, size=1, max_size=10)
+    pools = await filled(service, pool)
+
+    first = await _burst(service, 6)
+    assert sum(r.from_warm_pool for r in first) == 1
+    await _ready_count(service, pool.key, 6)
+    status = await status_of(pools, pool.key)
+    assert (status["target"], status["base_size"], status["max_size"], status["size"]) == (6, 1, 10, 6)
+    assert any("growing to" in r.getMessage() for r in caplog.records)
+
+    second = await _burst(service, 6)
+    assert all(r.from_warm_pool for r in second)
+    assert len({r.id for r in first + second}) == 12
+
+
+async def test_a_pool_grows_no_further_than_its_max_size(service: WorkspaceService) -> None:
+    """A burst of eight on a pool of one that may grow to three: the pool holds three afterwards."""
+    pool = spec(service, size=1, max_size=3)
+    pools = await filled(service, pool)
+    await _burst(service, 8)
+    await _ready_count(service, pool.key, 3)
+    assert (await status_of(pools, pool.key))["target"] == 3
+
+
+async def test_requests_spread_out_do_not_grow_the_pool(
+    service: WorkspaceService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests further apart than the burst window never count together: the pool keeps its size."""
+    monkeypatch.setattr(pool_module, "BURST_WINDOW_S", 0.05)
+    pool = spec(service, size=1, max_size=10)
+    pools = await filled(service, pool)
+    for _ in range(4):
+        await service.create(CreateWorkspace())
+        await asyncio.sleep(0.1)
+    await settle()
+    assert (await status_of(pools, pool.key))["target"] == 1
+    assert len(await warm(service, pool.key)) == 1
+
+
+async def test_a_pool_without_headroom_never_grows(service: WorkspaceService) -> None:
+    """max_size equal to size (CORRAL_WARM_POOL_GROWTH=1) keeps the pool at its size through a burst."""
+    pool = spec(service, size=1)  # max_size 0: no growth
+    pools = await filled(service, pool)
+    await _burst(service, 5)
+    await _ready_count(service, pool.key, 1)
+    assert (await status_of(pools, pool.key))["target"] == 1
+
+
+async def test_a_grown_pool_shrinks_back_once_the_burst_is_forgotten(
+    service: WorkspaceService, providers: dict[str, FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After GROWN_FOR_S without another burst the pool returns to its size: the surplus warm workspaces are
+    destroyed (records and runtime), the one it keeps is still warm."""
+    monkeypatch.setattr(pool_module, "GROWN_FOR_S", 0.5)
+    pool = spec(service, size=1, max_size=10)
+    pools = await filled(service, pool)
+    await _burst(service, 4)
+    await _ready_count(service, pool.key, 4)
+    grown_ids = {r.id for r in await warm(service, pool.key)}
+
+    await _ready_count(service, pool.key, 1)  # the shrink check fires after GROWN_FOR_S
+    [kept] = await warm(service, pool.key)
+    assert (await status_of(pools, pool.key))["target"] == 1
+    for gone in grown_ids - {kept.id}:
+        assert (await service.get(gone)).status == "destroyed"
+        assert await providers["firecracker"].state(gone) is WorkspaceState.MISSING
+
+
+async def test_a_burst_again_keeps_the_pool_grown(service: WorkspaceService, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst as large as the grown target renews it: the pool does not shrink under a steady train of bursts."""
+    monkeypatch.setattr(pool_module, "GROWN_FOR_S", 0.6)
+    monkeypatch.setattr(pool_module, "BURST_WINDOW_S", 0.2)  # the two bursts below are two, not one of six
+    pool = spec(service, size=1, max_size=10)
+    pools = await filled(service, pool)
+    await _burst(service, 3)
+    await _ready_count(service, pool.key, 3)
+    await asyncio.sleep(0.4)
+    await _burst(service, 3)  # renews the memory: 0.6 s from now
+    await asyncio.sleep(0.4)  # past the first burst's 0.6 s, within the second's
+    await settle()
+    assert (await status_of(pools, pool.key))["target"] == 3
+
+
 # --- status and shutdown -------------------------------------------------------------------------------------------
 
 
@@ -479,7 +587,8 @@ def default_pools(service: WorkspaceService, **settings: Any) -> list[PoolSpec]:
 async def test_default_pool_uses_the_auto_choice(service: WorkspaceService) -> None:
     """The default pool holds warm workspaces of the default provider, shape and size (Firecracker with KVM)."""
     [default] = default_pools(service, warm_pool_size=2)
-    assert default == PoolSpec("firecracker", service.settings.base_image, service.default_limits(), "isolated", 2)
+    limits = service.default_limits()
+    assert default == PoolSpec("firecracker", service.settings.base_image, limits, "isolated", 2, max_size=8)
 
 
 async def test_default_pool_follows_the_platform(service: WorkspaceService, providers: dict[str, FakeProvider]) -> None:
@@ -529,8 +638,9 @@ async def test_warm_pools_json_is_read_from_the_environment(
         ResourceLimits.parse({"cpu": "1", "memory": "1G", "disk": "10G"}),
         "default",
         3,
+        max_size=12,  # CORRAL_WARM_POOL_GROWTH (4) times the size
     )
-    assert docker == PoolSpec("docker", settings.base_image, service.default_limits(), "isolated", 1)
+    assert docker == PoolSpec("docker", settings.base_image, service.default_limits(), "isolated", 1, max_size=4)
 
 
 @pytest.mark.parametrize(
@@ -554,6 +664,13 @@ async def test_warm_pools_json_is_read_from_the_environment(
         pytest.param('[{"provider": "gvisor", "size": 101}]', "size must be a whole number", id="huge-size"),
         pytest.param('[{"provider": "gvisor", "size": "2"}]', "size must be a whole number", id="string-size"),
         pytest.param('[{"provider": "gvisor", "size": 1.5}]', "size must be a whole number", id="fractional-size"),
+        pytest.param(
+            '[{"provider": "gvisor", "size": 3, "max_size": 2}]',
+            "max_size must be a whole number from the pool's size (3) to 100",
+            id="max-below-size",
+        ),
+        pytest.param('[{"provider": "gvisor", "max_size": 101}]', "max_size must be a whole number", id="huge-max"),
+        pytest.param('[{"provider": "gvisor", "max_size": true}]', "max_size must be a whole number", id="bool-max"),
         pytest.param(
             '[{"provider": "gvisor", "resource_limits": {"memory": "lots"}}]', "resource_limits.memory", id="limits"
         ),

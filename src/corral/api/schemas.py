@@ -270,7 +270,9 @@ class PoolModel(BaseModel):
     network: str
     snapshot_id: str | None = None
     """The snapshot its workspaces are restored from (an agent type's setup pool); None: created fresh."""
-    target: int
+    target: int = Field(description="warm workspaces it keeps now: base_size, or more while a burst grew it")
+    base_size: int = Field(description="its configured size")
+    max_size: int = Field(description="the most a burst may grow it to (CORRAL_WARM_POOL_GROWTH, or max_size)")
     size: int
     creating: int
     hits: int

@@ -25,7 +25,7 @@ def providers(ctx: typer.Context, as_json: JsonFlag = False) -> None:
 
 
 def pool(ctx: typer.Context, as_json: JsonFlag = False) -> None:
-    """Show the warm pools: target and current size, hits and misses."""
+    """Show the warm pools: target (grown by a burst, up to max) and current size, hits and misses."""
     from rich.table import Table
 
     with connect(ctx) as corral:
@@ -33,7 +33,10 @@ def pool(ctx: typer.Context, as_json: JsonFlag = False) -> None:
     if as_json:
         print_json({"pools": [dict(p.raw) for p in report.pools], "unpooled_misses": dict(report.unpooled_misses)})
         return
-    table = Table("PROVIDER", "IMAGE", "SIZE", "TARGET", "HITS", "MISSES", "LAST ERROR", box=None, pad_edge=False)
+    columns = ("PROVIDER", "IMAGE", "SIZE", "TARGET", "MAX", "HITS", "MISSES", "LAST ERROR")
+    table = Table(*columns, box=None, pad_edge=False)
     for p in report.pools:
-        table.add_row(p.provider, p.image, str(p.size), str(p.target), str(p.hits), str(p.misses), p.last_error or "")
+        target = str(p.target) if p.target == p.base_size else f"{p.target} (grown from {p.base_size})"
+        counts = (str(p.size), target, str(p.max_size), str(p.hits), str(p.misses))
+        table.add_row(p.provider, p.image, *counts, p.last_error or "")
     show(table if report.pools else "no warm pools configured (CORRAL_WARM_POOL_SIZE=0)")

@@ -267,6 +267,10 @@ class PoolStatus:
     misses: int
     miss_reasons: Mapping[str, int]
     last_error: str | None
+    base_size: int = 0
+    """Its configured size; ``target`` is larger while a burst has grown it."""
+    max_size: int = 0
+    """The most a burst may grow it to."""
     raw: Json = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -277,6 +281,8 @@ class PoolStatus:
             provider=str(data.get("provider", "")),
             image=str(data.get("image", "")),
             target=int(data.get("target") or 0),
+            base_size=int(data.get("base_size") or data.get("target") or 0),
+            max_size=int(data.get("max_size") or data.get("target") or 0),
             size=int(data.get("size") or 0),
             creating=int(data.get("creating") or 0),
             hits=int(data.get("hits") or 0),

@@ -7,6 +7,11 @@ restart finds its pool in the database. A request gets a warm workspace only whe
 chooses for it and the rest of the key match; otherwise it cold-starts and the miss is logged with its reason.
 Every assignment triggers a background refill.
 
+A pool grows ahead of the next burst: when more requests for it arrive within :data:`BURST_WINDOW_S` than it holds,
+its target rises to that many (up to ``PoolSpec.max_size``), so the same burst again finds every workspace warm. It
+stays grown for :data:`GROWN_FOR_S` after the last burst that needed it, then shrinks back to its size (the surplus
+is destroyed). A cold burst still costs what the engine takes: growing cannot make the first one warm.
+
 A pool may instead hold workspaces restored from one snapshot (``PoolSpec.snapshot_id``: an agent type's setup
 snapshot, see :class:`~corral.orchestrator.snapshots.SnapshotService`). Its key is the snapshot's own
 (:func:`snapshot_pool_key`), so only a request for exactly that snapshot gets one of its workspaces
@@ -20,6 +25,7 @@ import asyncio
 import collections
 import json
 import logging
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -30,12 +36,17 @@ from corral.settings import Settings
 from corral.store import UNSET, ProviderAttempt, Unset, WorkspaceRecord, WorkspaceStatus
 from corral.values import ResourceLimits
 
-__all__ = ["Claim", "PoolBackend", "PoolSpec", "WarmPools", "pool_specs", "snapshot_pool_key"]
+__all__ = ["Claim", "PoolBackend", "PoolSpec", "WarmPools", "grown", "pool_specs", "snapshot_pool_key"]
 
 log = logging.getLogger(__name__)
 FILL_CONCURRENCY = 2
 RETRY_AFTER_FAILURE_S = 30.0
 REFILL_DELAY_S = 0.1
+MAX_POOL_SIZE = 100
+BURST_WINDOW_S = 0.5
+"""Requests for one pool that arrive this close together count as one burst, which the pool grows to hold."""
+GROWN_FOR_S = 600.0
+"""How long a pool keeps the target a burst gave it, counted from the last burst that reached that target."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,13 @@ class PoolSpec:
     snapshot_id: str | None = None
     """Set for a pool of workspaces restored from this snapshot (of ``provider``, with its image, limits and
     network) instead of created fresh; only requests for that snapshot get them."""
+    max_size: int = 0
+    """The most a burst may grow the pool to; ``size`` (no growth) when smaller."""
+
+    @property
+    def ceiling(self) -> int:
+        """The largest target the pool may have: ``max_size``, or ``size`` when that is larger."""
+        return max(self.size, self.max_size)
 
     @property
     def key(self) -> str:
@@ -80,8 +98,11 @@ def pool_specs(settings: Settings, *, default_provider: str | None, configured: 
     """
     defaults = settings.default_limits()
     specs = []
-    if settings.warm_pool_size > 0 and default_provider is not None:
-        specs.append(PoolSpec(default_provider, settings.base_image, defaults, "isolated", settings.warm_pool_size))
+    size = settings.warm_pool_size
+    if size > 0 and default_provider is not None:
+        specs.append(
+            PoolSpec(default_provider, settings.base_image, defaults, "isolated", size, max_size=grown(settings, size))
+        )
     elif settings.warm_pool_size > 0:
         log.warning("no healthy provider for the default warm pool; it stays empty")
     try:
@@ -94,8 +115,13 @@ def pool_specs(settings: Settings, *, default_provider: str | None, configured: 
     return specs
 
 
+def grown(settings: Settings, size: int) -> int:
+    """The ``max_size`` of a pool of ``size``: CORRAL_WARM_POOL_GROWTH times it, at most 100."""
+    return min(size * settings.warm_pool_growth, MAX_POOL_SIZE)
+
+
 def _parse_pool(raw: object, where: str, settings: Settings, configured: Collection[str]) -> PoolSpec:
-    allowed = {"provider", "image", "resource_limits", "network", "size"}
+    allowed = {"provider", "image", "resource_limits", "network", "size", "max_size"}
     if not isinstance(raw, dict) or not set(raw) <= allowed or "provider" not in raw:
         raise InvalidRequestError(f"{where}: needs 'provider' and may have {', '.join(sorted(allowed))}")
     provider, image = raw["provider"], raw.get("image", settings.base_image)
@@ -112,12 +138,18 @@ def _parse_pool(raw: object, where: str, settings: Settings, configured: Collect
     if network not in ("isolated", "default"):
         raise InvalidRequestError(f"{where}: network must be 'isolated' or 'default'")
     size = raw.get("size", 1)
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= 100:
-        raise InvalidRequestError(f"{where}: size must be a whole number from 0 to 100")
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_POOL_SIZE:
+        raise InvalidRequestError(f"{where}: size must be a whole number from 0 to {MAX_POOL_SIZE}")
+    max_size = raw.get("max_size", grown(settings, size))
+    if isinstance(max_size, bool) or not isinstance(max_size, int) or not size <= max_size <= MAX_POOL_SIZE:
+        raise InvalidRequestError(
+            f"{where}: max_size must be a whole number from the pool's size ({size}) to {MAX_POOL_SIZE}"
+        )
     limits = raw.get("resource_limits")
     if limits is not None and not isinstance(limits, dict):
         raise InvalidRequestError(f'{where}: resource_limits must be an object like {{"cpu": "1"}}')
-    return PoolSpec(provider, image, ResourceLimits.parse(limits, defaults=settings.default_limits()), network, size)
+    limits = ResourceLimits.parse(limits, defaults=settings.default_limits())
+    return PoolSpec(provider, image, limits, network, size, max_size=max_size)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +172,30 @@ class _PoolState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removed: bool = False
     """Set by :meth:`WarmPools.remove`: a refill that was waiting for the lock must not make more."""
+    recent: collections.deque[float] = field(default_factory=collections.deque)
+    """When the requests of the last :data:`BURST_WINDOW_S` arrived (monotonic), at most ``spec.ceiling`` of them."""
+    burst: int = 0
+    """The largest burst seen, while it is remembered (see :meth:`target`)."""
+    burst_at: float = 0.0
+    shrink_due: bool = False
+    """A shrink check is scheduled for when the burst is forgotten."""
+
+    def target(self, now: float) -> int:
+        """How many workspaces the pool keeps: its size, or the remembered burst up to its ceiling."""
+        remembered = self.burst if now - self.burst_at < GROWN_FOR_S else 0
+        return min(max(self.spec.size, remembered), self.spec.ceiling)
+
+    def note_request(self, now: float) -> bool:
+        """Count one request for the pool; True when it raised the target."""
+        if self.spec.ceiling <= self.spec.size:
+            return False
+        before = self.target(now)
+        self.recent.append(now)
+        while self.recent and (now - self.recent[0] > BURST_WINDOW_S or len(self.recent) > self.spec.ceiling):
+            self.recent.popleft()
+        if len(self.recent) >= before:  # a burst as large as the target renews it: it stays grown while they come
+            self.burst, self.burst_at = len(self.recent), now
+        return self.target(now) > before
 
 
 class PoolBackend(Protocol):
@@ -248,16 +304,22 @@ class WarmPools:
         task.add_done_callback(self._refills.discard)
 
     async def refill(self, key: str) -> int:
-        """Create workspaces until the pool holds its target; returns how many were created (0 for a pool that is
-        not, or no longer, configured)."""
+        """Create workspaces until the pool holds its target, or destroy those above it once a burst that grew it
+        is forgotten; returns how many were created (0 for a pool that is not, or no longer, configured)."""
         state = self._pools.get(key)
         if state is None:
             return 0
         async with state.lock:
             if state.removed:
                 return 0
+            target = state.target(time.monotonic())
+            if target > state.spec.size:
+                self._shrink_when_forgotten(state)
             have = len(await self.backend.warm_records(key, ("creating", "ready")))
-            missing = max(state.spec.size - have, 0)
+            if have > target:
+                await self._shrink(state, have - target, target)
+                return 0
+            missing = target - have
             if missing == 0:
                 return 0
             results = await asyncio.gather(*(self._create_one(state) for _ in range(missing)))
@@ -266,6 +328,35 @@ class WarmPools:
             # The provider failed; try again later rather than spinning.
             self._later(RETRY_AFTER_FAILURE_S, key)
         return created
+
+    def _shrink_when_forgotten(self, state: _PoolState) -> None:
+        """Check the pool again when the burst that grew it is forgotten (once; a renewed burst moves the check)."""
+        if state.shrink_due or self._closing:
+            return
+        state.shrink_due = True
+        key = state.spec.key
+
+        async def check() -> None:
+            while True:
+                await asyncio.sleep(max(state.burst_at + GROWN_FOR_S - time.monotonic(), 0.0) + 0.01)
+                if state.target(time.monotonic()) <= state.spec.size:
+                    break
+            state.shrink_due = False
+            await self.refill(key)
+
+        task = asyncio.create_task(check(), name=f"warm-pool-shrink-{key}")
+        self._retries.add(task)
+        task.add_done_callback(self._retries.discard)
+
+    async def _shrink(self, state: _PoolState, surplus: int, target: int) -> None:
+        """Destroy up to ``surplus`` ready workspaces of the pool, oldest first, each taken with the same atomic
+        claim a request uses (so none is destroyed under a request that just took it)."""
+        key = state.spec.key
+        destroyed = 0
+        while destroyed < surplus and (record := await self.backend.claim_warm(key, Claim(), "agent_workspace")):
+            await self.backend.discard(record.id)
+            destroyed += 1
+        log.info("warm pool %s: back to %d after the burst; %d warm workspace(s) destroyed", key, target, destroyed)
 
     def _later(self, delay: float, key: str) -> None:
         async def retry() -> None:
@@ -335,6 +426,8 @@ class WarmPools:
     async def _claim(self, state: _PoolState, claim: Claim, container_type: str) -> WorkspaceRecord | None:
         """Take a live workspace out of the pool (refilling it meanwhile), or None when it is empty."""
         key = state.spec.key
+        if state.note_request(time.monotonic()):  # the refill below (now on a miss, soon on a hit) makes them
+            log.info("warm pool %s: growing to %d for a burst", key, state.target(time.monotonic()))
         while True:
             record = await self.backend.claim_warm(key, claim, container_type)
             if record is None:
@@ -379,7 +472,8 @@ class WarmPools:
 
     async def status(self) -> list[dict[str, Any]]:
         """Per pool: provider, image, limits, network, the snapshot it restores (None for fresh workspaces),
-        target, current size, hits, misses and reasons."""
+        target (grown by a burst, see :meth:`_PoolState.target`), base and max size, current size, hits, misses and
+        reasons."""
         out = []
         for key, state in list(self._pools.items()):  # pools may be added or removed while this awaits
             ready = await self.backend.warm_records(key, ("ready",))
@@ -393,7 +487,9 @@ class WarmPools:
                     "resource_limits": spec.limits.to_json(),
                     "network": spec.network,
                     "snapshot_id": spec.snapshot_id,
-                    "target": spec.size,
+                    "target": state.target(time.monotonic()),
+                    "base_size": spec.size,
+                    "max_size": spec.ceiling,
                     "size": len(ready),
                     "creating": len(creating),
                     "hits": state.hits,

@@ -41,7 +41,7 @@ from corral.errors import (
     SnapshotNotFoundError,
     WorkspaceStateError,
 )
-from corral.orchestrator.pool import PoolSpec, snapshot_pool_key
+from corral.orchestrator.pool import PoolSpec, grown, snapshot_pool_key
 from corral.orchestrator.service import EGRESS_KEY, CreateWorkspace, WorkspaceService
 from corral.store import SnapshotRecord, Store, WorkspaceRecord
 from corral.values import ResourceLimits
@@ -251,6 +251,7 @@ class SnapshotService:
                 network=record.network,
                 size=self.setup_pool_size,
                 snapshot_id=record.id,
+                max_size=grown(self.workspaces.settings, self.setup_pool_size),
             )
             for record in newest.values()
         ]

@@ -34,7 +34,7 @@ from corral.api.e2b._state import E2BState
 from corral.api.e2b.control import control_router, delete_template
 from corral.api.e2b.envd import envd_router, signed_files_router
 from corral.api.e2b.templates import templates_routers
-from corral.orchestrator.pool import PoolSpec
+from corral.orchestrator.pool import PoolSpec, grown
 from corral.orchestrator.service import WorkspaceService
 
 __all__ = ["E2BState", "default_sandbox_pool", "e2b_routers", "mount_e2b"]
@@ -52,7 +52,10 @@ def default_sandbox_pool(service: WorkspaceService) -> PoolSpec | None:
     try_order, _ = service.plan("auto", "agent_workspace")
     if size <= 0 or not try_order:
         return None
-    return PoolSpec(try_order[0], service.settings.base_image, service.default_limits(), "default", size)
+    settings = service.settings
+    return PoolSpec(
+        try_order[0], settings.base_image, service.default_limits(), "default", size, max_size=grown(settings, size)
+    )
 
 
 @asynccontextmanager
