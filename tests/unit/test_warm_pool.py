@@ -52,6 +52,15 @@ def refills_running() -> bool:
     return any(t.get_name().startswith("warm-pool-refill-") and not t.done() for t in asyncio.all_tasks())
 
 
+async def shrunk() -> None:
+    """Wait until no pool waits to shrink back after a burst, or is shrinking."""
+
+    async def done() -> bool:
+        return not any(t.get_name().startswith("warm-pool-shrink-") and not t.done() for t in asyncio.all_tasks())
+
+    await eventually(done)
+
+
 async def settle() -> None:
     """Wait for background refills to finish.
 
@@ -459,7 +468,7 @@ async def test_a_grown_pool_shrinks_back_once_the_burst_is_forgotten(
     await _ready_count(service, pool.key, 4)
     grown_ids = {r.id for r in await warm(service, pool.key)}
 
-    await _ready_count(service, pool.key, 1)  # the shrink check fires after GROWN_FOR_S
+    await shrunk()  # the shrink check fires after GROWN_FOR_S
     [kept] = await warm(service, pool.key)
     assert (await status_of(pools, pool.key))["target"] == 1
     for gone in grown_ids - {kept.id}:
@@ -469,17 +478,49 @@ async def test_a_grown_pool_shrinks_back_once_the_burst_is_forgotten(
 
 async def test_a_burst_again_keeps_the_pool_grown(service: WorkspaceService, monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst as large as the grown target renews it: the pool does not shrink under a steady train of bursts."""
-    monkeypatch.setattr(pool_module, "GROWN_FOR_S", 0.6)
+    monkeypatch.setattr(pool_module, "GROWN_FOR_S", 1.5)
     monkeypatch.setattr(pool_module, "BURST_WINDOW_S", 0.2)  # the two bursts below are two, not one of six
     pool = spec(service, size=1, max_size=10)
     pools = await filled(service, pool)
     await _burst(service, 3)
     await _ready_count(service, pool.key, 3)
-    await asyncio.sleep(0.4)
-    await _burst(service, 3)  # renews the memory: 0.6 s from now
-    await asyncio.sleep(0.4)  # past the first burst's 0.6 s, within the second's
+    await asyncio.sleep(0.8)
+    await _burst(service, 3)  # renews the memory: 1.5 s from now
+    await asyncio.sleep(0.9)  # past the first burst's 1.5 s, well within the second's
     await settle()
     assert (await status_of(pools, pool.key))["target"] == 3
+    assert len(await warm(service, pool.key)) == 3
+
+
+async def test_requests_during_a_shrink_leave_the_pool_its_target(
+    service: WorkspaceService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that take warm workspaces while the pool shrinks count toward the surplus: the shrink stops at the
+    target instead of destroying a fixed number and leaving the pool empty."""
+    monkeypatch.setattr(pool_module, "GROWN_FOR_S", 0.3)
+    pool = spec(service, size=1, max_size=10)
+    await filled(service, pool)
+    await _burst(service, 4)
+    await _ready_count(service, pool.key, 4)
+    *_, youngest = await warm(service, pool.key)
+
+    parked, release = asyncio.Event(), asyncio.Event()
+    discard = service.discard
+
+    async def slow_discard(workspace_id: str) -> None:
+        parked.set()
+        await release.wait()
+        await discard(workspace_id)
+
+    monkeypatch.setattr(service, "discard", slow_discard)
+    await asyncio.wait_for(parked.wait(), 5)  # the shrink took the oldest and is destroying it
+    taken = [await service.create(CreateWorkspace()) for _ in range(2)]
+    assert all(r.from_warm_pool for r in taken)
+    release.set()
+    await shrunk()
+    await settle()
+    assert [r.id for r in await warm(service, pool.key)] == [youngest.id]
+    assert (await service.get(youngest.id)).status == "ready"
 
 
 # --- status and shutdown -------------------------------------------------------------------------------------------

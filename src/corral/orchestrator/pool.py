@@ -26,7 +26,7 @@ import collections
 import json
 import logging
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -230,6 +230,7 @@ class WarmPools:
         self._unpooled_misses: collections.Counter[str] = collections.Counter()
         self._refills: set[asyncio.Task[Any]] = set()
         self._retries: set[asyncio.Task[Any]] = set()
+        self._shrinking: set[asyncio.Task[Any]] = set()
         self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
         self._closing = False
         self._started = False
@@ -317,7 +318,7 @@ class WarmPools:
                 self._shrink_when_forgotten(state)
             have = len(await self.backend.warm_records(key, ("creating", "ready")))
             if have > target:
-                await self._shrink(state, have - target, target)
+                await self._shrink(state, target)
                 return 0
             missing = target - have
             if missing == 0:
@@ -348,15 +349,31 @@ class WarmPools:
         self._retries.add(task)
         task.add_done_callback(self._retries.discard)
 
-    async def _shrink(self, state: _PoolState, surplus: int, target: int) -> None:
-        """Destroy up to ``surplus`` ready workspaces of the pool, oldest first, each taken with the same atomic
-        claim a request uses (so none is destroyed under a request that just took it)."""
+    async def _shrink(self, state: _PoolState, target: int) -> None:
+        """Destroy ready workspaces of the pool, oldest first, until it holds ``target`` (requests taking some
+        meanwhile count too). Each is taken with the same atomic claim a request uses, so none is destroyed under a
+        request that just took it, and taken and destroyed in one shielded task that :meth:`close` waits for: a
+        shutdown never leaves one taken out of the pool but still running."""
         key = state.spec.key
         destroyed = 0
-        while destroyed < surplus and (record := await self.backend.claim_warm(key, Claim(), "agent_workspace")):
-            await self.backend.discard(record.id)
+        while len(await self.backend.warm_records(key, ("creating", "ready"))) > target:
+            if not await self._shielded(self._take_and_discard(key)):
+                break
             destroyed += 1
         log.info("warm pool %s: back to %d after the burst; %d warm workspace(s) destroyed", key, target, destroyed)
+
+    async def _take_and_discard(self, key: str) -> bool:
+        record = await self.backend.claim_warm(key, Claim(), "agent_workspace")
+        if record is None:
+            return False
+        await self.backend.discard(record.id)
+        return True
+
+    async def _shielded(self, work: Coroutine[Any, Any, bool]) -> bool:
+        task = asyncio.ensure_future(work)
+        self._shrinking.add(task)
+        task.add_done_callback(self._shrinking.discard)
+        return await asyncio.shield(task)
 
     def _later(self, delay: float, key: str) -> None:
         async def retry() -> None:
@@ -515,6 +532,7 @@ class WarmPools:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*self._shrinking, return_exceptions=True)  # each finishes what it took: not cancelled
         if drain:
             for key in list(self._pools):
                 for record in await self.backend.warm_records(key, ("creating", "ready")):
