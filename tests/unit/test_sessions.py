@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -79,6 +80,21 @@ async def test_a_matching_warm_workspace_is_assigned(agents: AgentService) -> No
     record = await service.get(session.workspace_id)
     assert record.from_warm_pool is True
     assert record.metadata["session_id"] == session.id
+
+
+async def test_a_burst_of_sessions_grows_the_pool_by_one_per_session(agents: AgentService) -> None:
+    """Five sessions at once on a pool of one: each counts once toward the burst, although the four that miss ask
+    the pool again while provisioning; the pool grows to five, not nine."""
+    service = agents.workspaces
+    spec = PoolSpec("gvisor", service.settings.base_image, service.default_limits(), "isolated", size=1, max_size=20)
+    service.attach_pools(pools := WarmPools([spec]))
+    assert await pools.refill(spec.key) == 1
+    agent_type = await agents.create_type("t", {"enabled": True})
+    sessions = await asyncio.gather(*(agents.start(agent_type.id, TaskContext()) for _ in range(5)))
+    for session in sessions:
+        assert (await agents.wait_provisioned(session.id)).status == "active"
+    [status] = await pools.status()
+    assert status["target"] == 5
 
 
 async def test_a_session_with_setup_work_provisions_in_the_background(agents: AgentService) -> None:

@@ -324,8 +324,8 @@ class AgentService:
         When there is nothing to check out or set up and a warm workspace matches, the session is active at once.
         """
         config = await self._type_config(agent_type_id)
+        session_id = uuid.uuid4().hex  # the same whether the warm start hits or not: the pools count it once
         if config.enabled and _nothing_to_prepare(config, task):
-            session_id = uuid.uuid4().hex
             warm = await self.workspaces.create_if_warm(self._workspace_request(session_id, config, task))
             if warm is not None:
                 return await self.store.sessions.create(
@@ -338,6 +338,7 @@ class AgentService:
                 )
         session = await self.store.sessions.create(
             agent_type_id,
+            id=session_id,
             # Only a session that provisions keeps its credentials (sealed), for as long as it provisions.
             task_context=task.sealed_json(self.box) if config.enabled else task.to_json(),
             workspace_config=config.to_json(include_sealed=config.enabled),
@@ -468,6 +469,7 @@ class AgentService:
             network=config.network,
             metadata=_metadata(session_id, task, _repository(config, task)),
             exclude=exclude,
+            requester=session_id,
         )
 
     async def get(self, session_id: str) -> SessionRecord:

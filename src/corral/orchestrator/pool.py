@@ -160,6 +160,8 @@ class Claim:
     metadata: Mapping[str, Any] | Unset = UNSET
     warnings: Sequence[str] | Unset = UNSET
     provider_attempts: Sequence[ProviderAttempt] | Unset = UNSET
+    requester: str | None = field(default=None, compare=False)
+    """Who asks (see ``CreateWorkspace.requester``): counted once toward a burst; not written anywhere."""
 
 
 @dataclass
@@ -172,8 +174,9 @@ class _PoolState:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removed: bool = False
     """Set by :meth:`WarmPools.remove`: a refill that was waiting for the lock must not make more."""
-    recent: collections.deque[float] = field(default_factory=collections.deque)
-    """When the requests of the last :data:`BURST_WINDOW_S` arrived (monotonic), at most ``spec.ceiling`` of them."""
+    recent: collections.deque[tuple[float, str | None]] = field(default_factory=collections.deque)
+    """The requests of the last :data:`BURST_WINDOW_S`: when each arrived (monotonic) and who asked, at most
+    ``spec.ceiling`` of them."""
     burst: int = 0
     """The largest burst seen, while it is remembered (see :meth:`target`)."""
     burst_at: float = 0.0
@@ -185,14 +188,17 @@ class _PoolState:
         remembered = self.burst if now - self.burst_at < GROWN_FOR_S else 0
         return min(max(self.spec.size, remembered), self.spec.ceiling)
 
-    def note_request(self, now: float) -> bool:
-        """Count one request for the pool; True when it raised the target."""
+    def note_request(self, now: float, requester: str | None) -> bool:
+        """Count one request for the pool (a requester already counted in the window is not counted again); True
+        when it raised the target."""
         if self.spec.ceiling <= self.spec.size:
             return False
         before = self.target(now)
-        self.recent.append(now)
-        while self.recent and (now - self.recent[0] > BURST_WINDOW_S or len(self.recent) > self.spec.ceiling):
+        while self.recent and (now - self.recent[0][0] > BURST_WINDOW_S or len(self.recent) >= self.spec.ceiling):
             self.recent.popleft()
+        if requester is not None and any(requester == asked for _, asked in self.recent):
+            return False
+        self.recent.append((now, requester))
         if len(self.recent) >= before:  # a burst as large as the target renews it: it stays grown while they come
             self.burst, self.burst_at = len(self.recent), now
         return self.target(now) > before
@@ -443,7 +449,8 @@ class WarmPools:
     async def _claim(self, state: _PoolState, claim: Claim, container_type: str) -> WorkspaceRecord | None:
         """Take a live workspace out of the pool (refilling it meanwhile), or None when it is empty."""
         key = state.spec.key
-        if state.note_request(time.monotonic()):  # the refill below (now on a miss, soon on a hit) makes them
+        # The refill below (at once on a miss, a moment later on a hit) makes what a raised target asks for.
+        if state.note_request(time.monotonic(), claim.requester):
             log.info("warm pool %s: growing to %d for a burst", key, state.target(time.monotonic()))
         while True:
             record = await self.backend.claim_warm(key, claim, container_type)

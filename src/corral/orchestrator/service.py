@@ -121,6 +121,9 @@ class CreateWorkspace:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     exclude: frozenset[str] = frozenset()
     """Providers auto selection must not use (a session's retry excludes the provider that just failed)."""
+    requester: str | None = None
+    """Who asks (a session's id): warm pools count one requester once toward a burst, however often it asks (a
+    session asks once for a warm workspace and, on a miss, again while provisioning)."""
     keep_failed: bool = False
     """Keep the ``error`` record of a create that fails (``?keep_failed=true``); by default it is deleted, and the
     error raised says what failed. The reaper deletes kept ones after CORRAL_FAILED_RECORD_TTL_S."""
@@ -594,6 +597,7 @@ class WorkspaceService:
             metadata=request.metadata,
             warnings=[*self._provider_warnings(try_order[0]), *skipped_summary(skipped)],
             provider_attempts=[],  # nothing was tried: the pool's workspace was made before this request
+            requester=request.requester,
         )
         record = await self.pools.acquire(
             try_order[0], image, request.limits, request.network, request.container_type, claim=claim
