@@ -56,16 +56,8 @@ async def sessions_at_once(bench: Bench) -> None:
 
     plain, plain_failures = await _plain_burst(bench, n)
     corral_ok, plain_ok = n - len(failures), n - len(plain_failures)
-    ready = corral.measure(99)
-    p99_s = (ready.tail if ready.tail is not None else math.nan) / 1000
     bench.rows += [
-        Row(
-            f"{n} sessions started at once -> active, gVisor",
-            ready,
-            plain.measure(99),
-            f"{n} x docker run -d at once (API)",
-            Target("p99 <= 3 s", p99_s <= 3, f"{p99_s:.1f} s"),  # issue #16
-        ),
+        _burst_row(f"{n} sessions started at once -> active, gVisor", corral, plain, n, None),
         Row(
             f"{n} sessions started at once: success rate",
             Measure.single(corral_ok / n, "", text=f"{corral_ok}/{n} ({100 * corral_ok / n:.0f}%)"),
@@ -118,18 +110,8 @@ async def _grown_burst(bench: Bench, plain: Samples) -> None:
         await server.end_sessions(second, CLEANUP_CONCURRENCY)
     finally:
         await bench.stop_server(server)
-    ok = n - len(failures)
-    measured = ready.measure(99)
-    p99_s = (measured.tail if measured.tail is not None else math.nan) / 1000
-    bench.rows += [
-        Row(
-            f"{n} sessions at once, the next burst: a pool of 1 grown by the first, gVisor",
-            measured,
-            plain.measure(99),
-            f"{n} x docker run -d at once (API)",
-            Target("p99 <= 3 s, 100%", p99_s <= 3 and ok == n, f"{p99_s:.2f} s, {ok}/{n}"),  # issue #16
-        ),
-    ]
+    title = f"{n} sessions at once, the next burst: a pool of 1 grown by the first, gVisor"
+    bench.rows.append(_burst_row(title, ready, plain, n, n - len(failures)))
     bench.notes.append(
         f"{n} sessions at once, the next burst: a fresh server with CORRAL_WARM_POOL_SIZE=1 and "
         f"CORRAL_WARM_POOL_GROWTH=100; a first burst of {n} (one warm, the rest cold) grew the pool's target to "
@@ -138,6 +120,18 @@ async def _grown_burst(bench: Bench, plain: Samples) -> None:
         + (f" First burst failures: {'; '.join(sorted(set(first_failures)))[:300]}." if first_failures else "")
         + (f" Failures: {'; '.join(sorted(set(failures)))[:500]}." if failures else "")
     )
+
+
+def _burst_row(title: str, ready: Samples, plain: Samples, n: int, ok: int | None) -> Row:
+    """A burst's ready times (p50, p99) against ``n`` plain containers at once, checked against #16's p99 <= 3 s
+    (and, given ``ok``, 100% success)."""
+    measured = ready.measure(99)
+    p99_s = (measured.tail if measured.tail is not None else math.nan) / 1000
+    if ok is None:
+        target = Target("p99 <= 3 s", p99_s <= 3, f"{p99_s:.1f} s")
+    else:
+        target = Target("p99 <= 3 s, 100%", p99_s <= 3 and ok == n, f"{p99_s:.2f} s, {ok}/{n}")
+    return Row(title, measured, plain.measure(99), f"{n} x docker run -d at once (API)", target)
 
 
 async def _plain_burst(bench: Bench, n: int) -> tuple[Samples, list[str]]:
