@@ -84,6 +84,13 @@ def shell_in_tmux(server: Server, workspace: str, tmp_path: Path) -> Iterator[tu
         subprocess.run(["tmux", "-L", tmux.socket, "kill-server"], capture_output=True, check=False)
 
 
+def _back_at_prompt(tmux: Tmux, after: str) -> None:
+    """Wait for bash's prompt on the last line once a full-screen program quit. Readline sets the terminal up before
+    it shows the prompt and discards what was typed meanwhile, so typing before the prompt is back loses the keys
+    (under load this happened after vi: `echo saved3` vanished)."""
+    tmux.wait_for(lambda s: s.rstrip().endswith(":/workspace#"), f"the prompt after {after}")
+
+
 def _prompt_after(tmux: Tmux, marker: str) -> str:
     """Type ``echo <marker>`` and wait for its output line (the shell is ready and echoes)."""
     tmux.keys("-l", f"echo {marker[:3]}''{marker[3:]}")
@@ -126,12 +133,14 @@ def test_shell_runs_full_screen_programs_resizes_and_exits_with_the_remote_code(
     tmux.wait_for(lambda s: "line 200" in s and "(END)" in s, "less at the end of the file")
     tmux.keys("q")
     tmux.wait_for(lambda s: "line 200" not in s, "less gone (the alternate screen left)")
+    _back_at_prompt(tmux, "less")
 
     tmux.keys("-l", "top -d 1")
     tmux.keys("Enter")
     tmux.wait_for(lambda s: "load average" in s and "PID" in s, "top's full screen")
     tmux.keys("q")
     tmux.wait_for(lambda s: "load average" not in s, "top gone")
+    _back_at_prompt(tmux, "top")
 
     tmux.keys("-l", "vi /workspace/notes.txt")
     tmux.keys("Enter")
@@ -141,6 +150,7 @@ def test_shell_runs_full_screen_programs_resizes_and_exits_with_the_remote_code(
     tmux.keys("Escape")
     tmux.keys("-l", ":wq")
     tmux.keys("Enter")
+    _back_at_prompt(tmux, "vi")
     _prompt_after(tmux, "saved3")
     saved = server.client.get(f"{API}/{workspace}/files", params={"path": "/workspace/notes.txt"})
     assert (saved.status_code, saved.text) == (200, "typed in vi\n")
