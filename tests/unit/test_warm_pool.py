@@ -523,6 +523,36 @@ async def test_requests_during_a_shrink_leave_the_pool_its_target(
     assert (await service.get(youngest.id)).status == "ready"
 
 
+async def test_a_workspace_claimed_for_a_request_that_went_away_is_destroyed(
+    service: WorkspaceService, providers: dict[str, FakeProvider], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request cancelled while its claim runs (the claim commits anyway: a write is never cut in half) does not
+    leave the workspace it took running outside the pool with no one to use it: it is destroyed, and close()
+    waits for that."""
+    pool = spec(service, size=1)
+    pools = await filled(service, pool)
+    [waiting] = await warm(service, pool.key)
+    parked, release = asyncio.Event(), asyncio.Event()
+    claim = service.store.workspaces.claim_from_pool
+
+    async def slow_claim(*args: Any, **kwargs: Any) -> WorkspaceRecord | None:
+        parked.set()
+        await release.wait()
+        return await claim(*args, **kwargs)
+
+    monkeypatch.setattr(service.store.workspaces, "claim_from_pool", slow_claim)
+    request = asyncio.create_task(service.create(CreateWorkspace()))
+    await asyncio.wait_for(parked.wait(), 5)
+    request.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    await settle()
+    await pools.close(drain=False)  # waits for the destroy
+    assert (await service.get(waiting.id)).status == "destroyed"
+    assert await providers["firecracker"].state(waiting.id) is WorkspaceState.MISSING
+
+
 # --- status and shutdown -------------------------------------------------------------------------------------------
 
 

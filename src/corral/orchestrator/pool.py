@@ -236,7 +236,9 @@ class WarmPools:
         self._unpooled_misses: collections.Counter[str] = collections.Counter()
         self._refills: set[asyncio.Task[Any]] = set()
         self._retries: set[asyncio.Task[Any]] = set()
-        self._shrinking: set[asyncio.Task[Any]] = set()
+        self._finishing: set[asyncio.Future[bool]] = set()
+        """Work that must end what it began, never cancelled: shrink steps, and destroying workspaces claimed for
+        requests that went away."""
         self._fill_slots = asyncio.Semaphore(FILL_CONCURRENCY)
         self._closing = False
         self._started = False
@@ -368,6 +370,17 @@ class WarmPools:
             destroyed += 1
         log.info("warm pool %s: back to %d after the burst; %d warm workspace(s) destroyed", key, target, destroyed)
 
+    async def _discard_claimed(self, claiming: asyncio.Future[WorkspaceRecord | None]) -> bool:
+        try:
+            record = await claiming
+        except Exception:  # the claim failed: it took nothing
+            return False
+        if record is None:
+            return False
+        log.warning("warm workspace %s was claimed for a request that went away; destroying it", record.id)
+        await self.backend.discard(record.id)
+        return True
+
     async def _take_and_discard(self, key: str) -> bool:
         record = await self.backend.claim_warm(key, Claim(), "agent_workspace")
         if record is None:
@@ -375,11 +388,15 @@ class WarmPools:
         await self.backend.discard(record.id)
         return True
 
-    async def _shielded(self, work: Coroutine[Any, Any, bool]) -> bool:
+    def _finish(self, work: Coroutine[Any, Any, bool]) -> asyncio.Future[bool]:
+        """Run ``work`` in a task nothing cancels; :meth:`close` waits for it."""
         task = asyncio.ensure_future(work)
-        self._shrinking.add(task)
-        task.add_done_callback(self._shrinking.discard)
-        return await asyncio.shield(task)
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+        return task
+
+    async def _shielded(self, work: Coroutine[Any, Any, bool]) -> bool:
+        return await asyncio.shield(self._finish(work))
 
     def _later(self, delay: float, key: str) -> None:
         async def retry() -> None:
@@ -453,7 +470,14 @@ class WarmPools:
         if state.note_request(time.monotonic(), claim.requester):
             log.info("warm pool %s: growing to %d for a burst", key, state.target(time.monotonic()))
         while True:
-            record = await self.backend.claim_warm(key, claim, container_type)
+            claiming = asyncio.ensure_future(self.backend.claim_warm(key, claim, container_type))
+            try:
+                record = await asyncio.shield(claiming)
+            except asyncio.CancelledError:
+                # The requester went away (its request cancelled, the server stopping) while the claim ran: a
+                # workspace the claim took must not stay out of the pool, running, with no one to use it.
+                self._finish(self._discard_claimed(claiming))
+                raise
             if record is None:
                 state.misses += 1
                 state.miss_reasons["pool empty"] += 1
@@ -539,7 +563,7 @@ class WarmPools:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await asyncio.gather(*self._shrinking, return_exceptions=True)  # each finishes what it took: not cancelled
+        await asyncio.gather(*self._finishing, return_exceptions=True)  # each finishes what it took: not cancelled
         if drain:
             for key in list(self._pools):
                 for record in await self.backend.warm_records(key, ("creating", "ready")):
