@@ -257,3 +257,20 @@ def test_exec_option_after_the_workspace_id_is_named(option: str) -> None:
     name = option.split("=", maxsplit=1)[0]
     assert f"{name} comes after the workspace id" in result.output
     assert f"corral workspaces exec {name} ... w1 COMMAND" in result.output
+
+
+def test_pool_table_shows_a_grown_target_and_the_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``corral pool`` shows each pool's size, its target (and what a burst grew it from) and how far it may grow."""
+    common = {"image": "corral/workspace:base", "resource_limits": {}, "network": "isolated", "snapshot_id": None,
+              "creating": 0, "miss_reasons": {}, "last_error": None}  # fmt: skip
+    grown = {**common, "key": "k1", "provider": "gvisor", "target": 6, "base_size": 1, "max_size": 10, "size": 6,
+             "hits": 1, "misses": 5}  # fmt: skip
+    steady = {**common, "key": "k2", "provider": "docker", "target": 2, "base_size": 2, "max_size": 8, "size": 1,
+              "hits": 0, "misses": 0}  # fmt: skip
+    _serve(monkeypatch, lambda _: httpx.Response(200, json={"pools": [grown, steady], "unpooled_misses": {}}))
+    result = runner.invoke(app, ["pool"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["PROVIDER", "IMAGE", "SIZE", "TARGET", "MAX", "HITS", "MISSES", "LAST", "ERROR"]
+    assert rows[0].split() == ["gvisor", "corral/workspace:base", "6", "6", "(grown", "from", "1)", "10", "1", "5"]
+    assert rows[1].split() == ["docker", "corral/workspace:base", "1", "2", "8", "0", "0"]
