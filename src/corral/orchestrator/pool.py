@@ -103,7 +103,7 @@ def pool_specs(settings: Settings, *, default_provider: str | None, configured: 
         specs.append(
             PoolSpec(default_provider, settings.base_image, defaults, "isolated", size, max_size=grown(settings, size))
         )
-    elif settings.warm_pool_size > 0:
+    elif size > 0:
         log.warning("no healthy provider for the default warm pool; it stays empty")
     try:
         extra = json.loads(settings.warm_pools)
@@ -286,8 +286,7 @@ class WarmPools:
         state.removed = True
         async with state.lock:  # a refill holds it while creating: its workspaces exist (or failed) afterwards
             drained = 0
-            while (record := await self.backend.claim_warm(key, Claim(), "agent_workspace")) is not None:
-                await self.backend.discard(record.id)
+            while await self._take_and_discard(key):
                 drained += 1
             # Left "creating" by a server that stopped mid-create (none otherwise: the lock is held).
             for record in await self.backend.warm_records(key, ("creating", "ready")):
@@ -382,6 +381,8 @@ class WarmPools:
         return True
 
     async def _take_and_discard(self, key: str) -> bool:
+        """Take the pool's oldest ready workspace with a request's own atomic claim and destroy it; False when
+        there was none."""
         record = await self.backend.claim_warm(key, Claim(), "agent_workspace")
         if record is None:
             return False
