@@ -124,11 +124,11 @@ from corral.mcp_server import _stdio_pipes
 async def main() -> None:
     async with _stdio_pipes() as pipes:
         assert pipes is not None, "pipes were not served by the event loop"
-        lines, out = pipes
+        reader, writer = pipes
         assert os.read(0, 1) == b"", "fd 0 still reads the wire while serving"
-        async for line in lines:
-            await out.write(line.upper())
-            await out.flush()
+        while line := await reader.readline():
+            writer.write(line.upper())
+            await writer.drain()
     assert os.get_blocking(0) and os.get_blocking(1)
     sys.stdout.write("restored\\n")
 
