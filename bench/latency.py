@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ __all__ = [
 ]
 
 TRUE = ExecRequest("true", mode=ExecMode.ARGV)
+TRUE_PATH = shutil.which("true") or "/bin/true"
+"""The host's own `true`, started by the bench process as a floor (see the exec loop)."""
 SESSION_POLL_S = 0.002
 """Single sessions are polled back to back (2 ms between GETs), so a ready time is late by at most one GET."""
 SESSION_TIMEOUT_S = 120.0
@@ -331,6 +334,11 @@ async def exec_and_files(bench: Bench, server: CorralServer) -> None:
             await _teardown_runtime(bench, server, rt)
 
 
+def _spawn_true() -> None:
+    """Start the host's `true` and reap it, blocking: the cost of starting a process here, with nothing around it."""
+    os.waitpid(os.posix_spawn(TRUE_PATH, [TRUE_PATH], {}), 0)
+
+
 async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime]) -> None:
     samples = {(rt.label, way): Samples() for rt in runtimes for way in ("provider", "http", "plain")}
 
@@ -353,6 +361,7 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
     # Floors, measured in the same rounds: the cheapest call each client can make.
     http_floor, docker_floor = Samples(), Samples()
     agent_floor = {rt.label: Samples() for rt in runtimes}  # the agent stream's round trip: no process started
+    spawn_floor = Samples()  # starting /bin/true and reaping it, from this process: what any exec pays at least
     for round_ in range(bench.config.execs + 1):
         for rt in runtimes:
             for way, exec_true in ways.items():
@@ -369,6 +378,8 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
             await server.call("GET", "/healthz")
         with docker_floor.time():
             await bench.plain.engine.ping()
+        with spawn_floor.time():
+            _spawn_true()
 
     limits = {"runc": 1.5, "gVisor": 5.0}  # issue #16
     for rt in runtimes:
@@ -388,6 +399,28 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
                 plain,
                 "docker exec (API)",
                 Target("p50 <= provider + 1 ms", added <= 1.0, f"{added:+.2f} ms"),
+            ),
+            Row(
+                f"exec part: agent ping (its stream, no process), {rt.label}",
+                agent_floor[rt.label].measure(),
+                provider,
+                f"exec `true`, {rt.label}, provider",
+            ),
+        ]
+    if runtimes:
+        runc = next((rt for rt in runtimes if rt.label == "runc"), runtimes[0])
+        bench.rows += [
+            Row(
+                "exec part: process start on the host (posix_spawn + wait of /bin/true)",
+                spawn_floor.measure(),
+                samples[(runc.label, "provider")].measure(),
+                f"exec `true`, {runc.label}, provider",
+            ),
+            Row(
+                "exec part: GET /healthz (no auth, no work), same HTTP client",
+                http_floor.measure(),
+                samples[(runc.label, "http")].measure(),
+                f"exec `true`, {runc.label}, HTTP API",
             ),
         ]
     bench.notes.append(
