@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Config, Path, tuple[str, 
     parser.add_argument("--files", type=int, help="10 MB file round trips per variant (default 30; quick 2)")
     parser.add_argument("--idle", type=int, help="idle workspaces for the memory measurement (default 10; quick 4)")
     parser.add_argument("--cycles", type=int, help="pause/resume cycles per variant (default 20; quick 5)")
-    parser.add_argument("--tool-calls", type=int, help="rounds of tool calls (default 40; quick 15)")
+    parser.add_argument("--tool-calls", type=int, help="rounds of tool calls (default 100; quick 15)")
     parser.add_argument(
         "--only",
         metavar="NAMES",

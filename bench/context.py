@@ -55,7 +55,7 @@ class Config:
     warm_pool: int = 3
     """Pool size of the warm server: a claim takes the oldest, whose agent has long been up."""
     file_bytes: int = 10_000_000
-    tool_calls: int = 40
+    tool_calls: int = 100
     """Rounds of the tools scenario (each runs every tool-call way once)."""
 
 

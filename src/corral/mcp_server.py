@@ -262,6 +262,9 @@ class LeanTools:
             raise CorralConnectionError(
                 f"cannot reach Corral at {self._base_url}: {reason} (is `corral serve` running there? set CORRAL_URL)"
             ) from None
+        if 200 <= answer.status < 300:  # read as the SDK reads it (response.json()), without building httpx objects
+            result: dict[str, Any] = json.loads(answer.body)
+            return result
         request = httpx.Request(op.method, self._base_url + op.path, headers=self._headers)
         response = httpx.Response(answer.status, headers=list(answer.headers), content=answer.body, request=request)
         return op.parse(_api.check(response))
