@@ -20,6 +20,7 @@ import os
 import signal
 import stat
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -57,7 +58,10 @@ log = logging.getLogger(__name__)
 
 END_SESSION_TIMEOUT_S = 30.0
 FINISH_CALLS_S = 30.0
-"""How long corral mcp, its stdin closed, still waits for the tool calls in flight to answer."""
+"""How long corral mcp, its stdin closed, still waits for the tool calls in flight to answer and for the client to
+read the answers."""
+INTERNAL_ERROR = types.ErrorData(code=types.INTERNAL_ERROR, message="Internal error (see corral mcp's log)")
+"""What a tool call that failed unexpectedly answers, on either path: the failure itself goes to stderr only."""
 _LINE_LIMIT = 1 << 30
 """The longest JSON-RPC line read from stdin (a write tool call carries the whole file)."""
 
@@ -308,14 +312,13 @@ async def tool_result(call: ToolCall, name: str, arguments: Mapping[str, Any]) -
     # No check here on purpose: the server enforces the tool policy and audits refused calls too.
     try:
         result = await call(name, arguments)
+        text = render_result(name, result)
+        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
     except CorralError as exc:
         return types.CallToolResult(content=[types.TextContent(text=exc.message)], is_error=True)
-    except Exception:  # a bug: the model and the host see that much, the log sees the rest
+    except Exception:  # a bug, or an answer of another shape: the client sees that much, the log sees the rest
         log.exception("tool call %r failed", name)
-        raise MCPError(code=types.INTERNAL_ERROR, message="Internal error (see corral mcp's log)") from None
-    return types.CallToolResult(
-        content=[types.TextContent(text=render_result(name, result))], structured_content=result
-    )
+        raise MCPError.from_error_data(INTERNAL_ERROR) from None
 
 
 async def _serve(session: AsyncSession, tools: Sequence[str], call: ToolCall | None = None) -> None:
@@ -373,10 +376,17 @@ class _Wire:
         self._initialize_id: RequestId | None = None  # an initialize request the package has not answered yet
         self._version: str | None = None  # the protocol version the package's server agreed in its initialize answer
         self._calls: dict[RequestId, asyncio.Task[None]] = {}  # by coerce_request_id, as the package keys them
+        self._lost = False  # the client closed its end of stdout: nothing more is read or started
 
     async def receive(self) -> SessionMessage | Exception:
         """The next message for the package's server (ReadStream)."""
-        while line := await self._reader.readline():
+        while not self._lost:
+            try:
+                line = await self._reader.readline()
+            except ValueError as exc:  # longer than _LINE_LIMIT: what was read of it is dropped, serving goes on
+                return exc
+            if not line:
+                break
             try:  # decoded as the package's stdio transport decodes stdin
                 message = types.jsonrpc_message_adapter.validate_json(line.decode(errors="replace"), by_name=False)
             except Exception as exc:  # the package logs and drops it, as over its own stdio transport
@@ -399,12 +409,14 @@ class _Wire:
     async def send(self, item: SessionMessage) -> None:
         """Write one of the package server's messages (WriteStream)."""
         message = item.message
-        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id == self._initialize_id:
+        if self._initialize_id is not None and getattr(message, "id", None) == self._initialize_id:
             agreed = message.result.get("protocolVersion") if isinstance(message, types.JSONRPCResponse) else None
-            self._version = agreed if isinstance(agreed, str) else self._version
-            self._initialize_id = None
+            if isinstance(agreed, str):  # the initialize answer (a ping answered under the same id is not)
+                self._version, self._initialize_id = agreed, None
+            elif isinstance(message, types.JSONRPCError):
+                self._initialize_id = None
         self._write(message)
-        await self._writer.drain()
+        await self._drain()
 
     async def aclose(self) -> None:
         """Nothing to close: the pipes outlive the package's server, for the calls still being answered here."""
@@ -416,14 +428,17 @@ class _Wire:
         await self.aclose()
 
     async def finish(self) -> None:
-        """stdin closed: wait for the calls still running (up to ``FINISH_CALLS_S``) so that their answers are still
-        written; the ones left are cancelled, unanswered."""
+        """stdin closed: wait for the calls still running and for the client to read their answers, together up to
+        ``FINISH_CALLS_S``; the calls left are cancelled, unanswered."""
+        deadline = time.monotonic() + FINISH_CALLS_S
         if self._calls:
             _, late = await asyncio.wait(list(self._calls.values()), timeout=FINISH_CALLS_S)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        await self._drain()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+                await self._drain()
 
     def _observe(self, message: types.JSONRPCMessage) -> None:
         if isinstance(message, types.JSONRPCRequest) and message.method == "initialize":
@@ -458,10 +473,12 @@ class _Wire:
     async def _call_tool(self, request_id: RequestId, params: dict[str, Any]) -> None:
         try:
             result = await tool_result(self._call, params["name"], params.get("arguments") or {})
+            self._answer(request_id, "tools/call", result.model_dump(by_alias=True, mode="json", exclude_none=True))
         except MCPError as exc:
             self._write(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=exc.error))
-        else:
-            self._answer(request_id, "tools/call", result.model_dump(by_alias=True, mode="json", exclude_none=True))
+        except Exception:  # every call is answered: a result the package's shape check refuses too
+            log.exception("tool call %r: its answer could not be written", params["name"])
+            self._write(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=INTERNAL_ERROR))
         await self._drain()
 
     def _answer(self, request_id: RequestId, method: str, result: dict[str, Any]) -> None:
@@ -478,9 +495,12 @@ class _Wire:
         self._writer.write(line)
 
     async def _drain(self) -> None:
-        """Wait while the client is not reading (the host going away is the end of stdin's business, not ours)."""
-        with contextlib.suppress(ConnectionError):
+        """Wait while the client is not reading. A client that closed its end of stdout is gone: nothing more is
+        read, and calls in flight are still waited for but their answers go nowhere."""
+        try:
             await self._writer.drain()
+        except ConnectionError:
+            self._lost = True
 
 
 @contextlib.asynccontextmanager
@@ -513,7 +533,8 @@ async def _stdio_pipes() -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.St
             yield reader, writer
         finally:
             with contextlib.suppress(Exception):
-                await writer.drain()
+                async with asyncio.timeout(FINISH_CALLS_S):  # a client that stopped reading does not hold the exit
+                    await writer.drain()
             read_transport.close()
             write_transport.close()
     finally:

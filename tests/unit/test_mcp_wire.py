@@ -2,19 +2,22 @@
 the very message the package writes, and everything else still goes to the package.
 
 Each test runs ``corral.mcp_server._serve`` in a subprocess (stdin and stdout are pipes, as an MCP host starts it)
-with a tool call function standing in for the HTTP API: ``bash`` answers after ``arguments["sleep_s"]`` seconds,
-``read`` is refused as the server refuses a tool, ``grep`` fails with an unexpected error. Every call it receives
-is logged to stderr as ``CALL <name>``, so a test sees which calls reached the API.
+with a tool call function standing in for the HTTP API: ``bash`` answers after ``arguments["sleep_s"]`` seconds
+(with ``arguments["out_bytes"]`` bytes of output), ``read`` is refused as the server refuses a tool, ``grep`` fails
+with an unexpected error, and ``glob`` answers a JSON list where an object belongs. Every call it receives is logged
+to stderr as ``CALL <name>``, so a test sees which calls reached the API. ``Peer(line_limit=..., finish_s=...)``
+lowers corral mcp's longest line and its wait for calls at exit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,9 +26,13 @@ from mcp_types import methods
 pytestmark = pytest.mark.unit
 
 _SERVE = """
-import asyncio, sys
+import asyncio, os, sys
+import corral.mcp_server
 from corral.errors import CorralError
 from corral.mcp_server import _serve
+
+corral.mcp_server._LINE_LIMIT = int(os.environ.get("LINE_LIMIT", corral.mcp_server._LINE_LIMIT))
+corral.mcp_server.FINISH_CALLS_S = float(os.environ.get("FINISH_S", corral.mcp_server.FINISH_CALLS_S))
 
 class Session:
     id = "s1"
@@ -36,8 +43,11 @@ async def call(name, arguments):
         raise CorralError("Tool 'read' is not enabled for this agent type")
     if name == "grep":
         raise RuntimeError("a secret in the traceback")
+    if name == "glob":
+        return []
     await asyncio.sleep(arguments.get("sleep_s", 0))
-    return {"exit_code": 0, "stdout": f"ran {arguments.get('command')}\\n", "stderr": "", "duration_ms": 1}
+    out = f"ran {arguments.get('command')}\\n" + "x" * arguments.get("out_bytes", 0)
+    return {"exit_code": 0, "stdout": out, "stderr": "", "duration_ms": 1}
 
 asyncio.run(_serve(Session(), ["bash", "read", "grep"], call))
 """
@@ -48,9 +58,14 @@ LEGACY_VERSIONS = [v for v in methods.KNOWN_PROTOCOL_VERSIONS if v < "2026"]
 class Peer:
     """The host's side of the wire: JSON-RPC lines in, answers read with a deadline."""
 
-    def __init__(self) -> None:
+    def __init__(self, **limits: float) -> None:
+        env = {**os.environ, **{name.upper(): str(value) for name, value in limits.items()}}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "-c", _SERVE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
         )
         self._buffer = b""
         self.calls: list[str] = []
@@ -109,15 +124,27 @@ class Peer:
 
 
 @pytest.fixture
-def peer() -> Iterator[Peer]:
-    peer = Peer()
-    yield peer
-    if peer.proc.poll() is None:
-        peer.proc.kill()
-    peer.proc.wait()
-    for stream in (peer.proc.stdin, peer.proc.stdout, peer.proc.stderr):
-        if stream is not None:
-            stream.close()
+def make_peer() -> Iterator[Callable[..., Peer]]:
+    """Peers (corral mcp subprocesses), each killed and its pipes closed at the end."""
+    made: list[Peer] = []
+
+    def make(**limits: float) -> Peer:
+        made.append(Peer(**limits))
+        return made[-1]
+
+    yield make
+    for peer in made:
+        if peer.proc.poll() is None:
+            peer.proc.kill()
+        peer.proc.wait()
+        for stream in (peer.proc.stdin, peer.proc.stdout, peer.proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def peer(make_peer: Callable[..., Peer]) -> Peer:
+    return make_peer()
 
 
 def _call(request_id: str, name: str, arguments: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -150,9 +177,11 @@ def test_an_unexpected_failure_is_the_same_internal_error_on_both_paths(peer: Pe
     peer.initialize("2025-06-18")
     peer.send(_call(1, "grep", {"pattern": "x"}))
     peer.send(_call(2, "grep", {"pattern": "x"}, _meta={}))
-    answers = sorted([peer.answer(), peer.answer()], key=lambda a: a["id"] if a else 0)
+    peer.send(_call(3, "glob", {"pattern": "*"}))  # an answer of the wrong shape fails the same way
+    peer.send(_call(4, "glob", {"pattern": "*"}, _meta={}))
+    answers = sorted([peer.answer() for _ in range(4)], key=lambda a: a["id"] if a else 0)
     error = {"code": -32603, "message": "Internal error (see corral mcp's log)"}
-    assert answers == [{"jsonrpc": "2.0", "id": 1, "error": error}, {"jsonrpc": "2.0", "id": 2, "error": error}]
+    assert answers == [{"jsonrpc": "2.0", "id": n, "error": error} for n in (1, 2, 3, 4)]
     peer.proc.stdin.close()  # type: ignore[union-attr]
     assert peer.proc.wait(timeout=20) == 0
     log = peer.proc.stderr.read().decode()  # type: ignore[union-attr]
@@ -239,3 +268,56 @@ def test_requests_before_initialize_and_odd_shapes_are_left_to_the_package(peer:
     assert args is not None and args["id"] == "args" and args["error"]["code"] == -32602
     peer.send(_call(True, "bash", {"command": "boolean id"}))  # type: ignore[arg-type]  # not a JSON-RPC id
     assert peer.close() == ([], ["grep"])
+
+
+def test_a_line_over_the_limit_is_dropped_and_serving_goes_on(make_peer: Callable[..., Peer]) -> None:
+    """A line longer than corral mcp's limit (1 GiB; 100 kB here) is dropped, and the next request is answered."""
+    peer = make_peer(line_limit=100_000)
+    peer.initialize("2025-06-18")
+    assert peer.proc.stdin is not None
+    big = b'{"jsonrpc":"2.0","id":"big","method":"ping","params":{"x":"' + b"y" * 300_000 + b'"}}\n'
+    peer.proc.stdin.write(big)
+    peer.send({"id": "next", "method": "ping"})
+    assert peer.answer() == {"jsonrpc": "2.0", "id": "next", "result": {}}
+    assert peer.close() == ([], [])
+
+
+def test_a_client_that_stops_reading_does_not_hold_the_exit(make_peer: Callable[..., Peer]) -> None:
+    """stdin closed with an answer the client never reads: corral mcp gives up after its wait (1 s here) and exits."""
+    peer = make_peer(finish_s=1)
+    peer.initialize("2025-06-18")
+    peer.send(_call("big", "bash", {"command": "big", "out_bytes": 4_000_000}))
+    peer.wait_for_call()
+    assert peer.proc.stdin is not None
+    peer.proc.stdin.close()
+    assert peer.proc.wait(timeout=20) == 0
+
+
+def test_a_ping_sharing_the_initialize_id_does_not_switch_the_fast_path_off(peer: Peer) -> None:
+    """A ping and initialize sent together under one id: the ping's answer is not taken for initialize's, so calls
+    are still answered here (a call in flight at EOF gets its answer)."""
+    assert peer.proc.stdin is not None
+    client = {"name": "test", "version": "1"}
+    params = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": client}
+    ping, initialize = {"id": 1, "method": "ping"}, {"id": 1, "method": "initialize", "params": params}
+    peer.proc.stdin.write(b"".join(json.dumps({"jsonrpc": "2.0", **m}).encode() + b"\n" for m in (ping, initialize)))
+    peer.proc.stdin.flush()
+    first, second = peer.answer(), peer.answer()
+    assert first is not None and second is not None
+    assert {"protocolVersion" in a["result"] for a in (first, second)} == {True, False}
+    peer.send({"method": "notifications/initialized"})
+    peer.send(_call("slow", "bash", {"command": "slow", "sleep_s": 0.5}))
+    peer.wait_for_call()
+    rest, _ = peer.close()
+    assert [(a["id"], "result" in a) for a in rest] == [("slow", True)]
+
+
+def test_a_client_that_closed_stdout_ends_the_session_without_a_crash(peer: Peer) -> None:
+    """The host closes its end of stdout but not stdin: corral mcp stops reading at the first answer it cannot
+    write, and exits cleanly, whichever path wrote it."""
+    peer.initialize("2025-06-18")
+    assert peer.proc.stdout is not None
+    peer.proc.stdout.close()
+    peer.send({"id": "list", "method": "tools/list"})  # answered by the package
+    peer.send({"id": "ping", "method": "ping"})
+    assert peer.proc.wait(timeout=20) == 0
