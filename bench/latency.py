@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,8 +34,6 @@ __all__ = [
 ]
 
 TRUE = ExecRequest("true", mode=ExecMode.ARGV)
-TRUE_PATH = shutil.which("true") or "/bin/true"
-"""The host's own `true`, started by the bench process as a floor (see the exec loop)."""
 SESSION_POLL_S = 0.002
 """Single sessions are polled back to back (2 ms between GETs), so a ready time is late by at most one GET."""
 SESSION_TIMEOUT_S = 120.0
@@ -334,9 +331,53 @@ async def exec_and_files(bench: Bench, server: CorralServer) -> None:
             await _teardown_runtime(bench, server, rt)
 
 
-def _spawn_true() -> None:
-    """Start the host's `true` and reap it, blocking: the cost of starting a process here, with nothing around it."""
-    os.waitpid(os.posix_spawn(TRUE_PATH, [TRUE_PATH], {}), 0)
+SPAWN_TIMER_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+/* Start /bin/true N times (vfork + execve + waitpid, as the spawner does) and print each in ms. */
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 100;
+    for (int i = 0; i < n; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        pid_t pid = vfork();
+        if (pid == 0) {
+            char *args[] = {"/bin/true", NULL};
+            execv(args[0], args);
+            _exit(127);
+        }
+        int status;
+        if (pid < 0 || waitpid(pid, &status, 0) < 0 || status != 0) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        printf("%.4f\n", (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
+        usleep(2000);
+    }
+    return 0;
+}
+"""
+"""A static timer run inside a workspace: what starting a process costs there, with nothing of Corral around it."""
+
+
+async def _spawn_floor_inside(bench: Bench, rt: _Runtime, runs: int) -> Samples:
+    """The spawn timer's samples, run ``runs`` times inside the runtime's provider workspace."""
+    source, binary = bench.workdir / "spawn_timer.c", bench.workdir / "spawn_timer"
+    if not binary.exists():
+        source.write_text(SPAWN_TIMER_C)
+        build = await asyncio.create_subprocess_exec("gcc", "-static", "-O2", "-o", str(binary), str(source))
+        if await build.wait() != 0:
+            raise RuntimeError("could not build the spawn timer with gcc -static")
+    await rt.provider.write_file(rt.provider_ws, "/workspace/spawn_timer", binary.read_bytes())
+    run = ExecRequest(f"chmod +x /workspace/spawn_timer && /workspace/spawn_timer {runs}")
+    result = await rt.provider.exec(rt.provider_ws, run)
+    if result.exit_code != 0:
+        raise RuntimeError(f"the spawn timer failed in the {rt.label} workspace: {result.stderr[-300:]!r}")
+    samples = Samples()
+    for line in result.stdout.split():
+        samples.add(float(line))
+    return samples
 
 
 async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime]) -> None:
@@ -361,7 +402,6 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
     # Floors, measured in the same rounds: the cheapest call each client can make.
     http_floor, docker_floor = Samples(), Samples()
     agent_floor = {rt.label: Samples() for rt in runtimes}  # the agent stream's round trip: no process started
-    spawn_floor = Samples()  # starting /bin/true and reaping it, from this process: what any exec pays at least
     for round_ in range(bench.config.execs + 1):
         for rt in runtimes:
             for way, exec_true in ways.items():
@@ -378,9 +418,8 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
             await server.call("GET", "/healthz")
         with docker_floor.time():
             await bench.plain.engine.ping()
-        with spawn_floor.time():
-            _spawn_true()
 
+    inside = {rt.label: await _spawn_floor_inside(bench, rt, bench.config.execs) for rt in runtimes}
     limits = {"runc": 1.5, "gVisor": 5.0}  # issue #16
     for rt in runtimes:
         provider, http, plain = (samples[(rt.label, w)].measure() for w in ("provider", "http", "plain"))
@@ -406,16 +445,16 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
                 provider,
                 f"exec `true`, {rt.label}, provider",
             ),
+            Row(
+                f"exec part: process start inside the workspace (C: vfork + execve + wait of /bin/true), {rt.label}",
+                inside[rt.label].measure(),
+                provider,
+                f"exec `true`, {rt.label}, provider",
+            ),
         ]
     if runtimes:
         runc = next((rt for rt in runtimes if rt.label == "runc"), runtimes[0])
         bench.rows += [
-            Row(
-                "exec part: process start on the host (posix_spawn + wait of /bin/true)",
-                spawn_floor.measure(),
-                samples[(runc.label, "provider")].measure(),
-                f"exec `true`, {runc.label}, provider",
-            ),
             Row(
                 "exec part: GET /healthz (no auth, no work), same HTTP client",
                 http_floor.measure(),
@@ -434,7 +473,9 @@ async def _exec_loop(bench: Bench, server: CorralServer, runtimes: list[_Runtime
         f"through DockerEngine (httpx) {docker_floor.measure().p50:.2f} ms p50, and plain `docker exec` makes three "
         "such calls; a ping to the agent (its stream there and back, no process started) "
         + ", ".join(f"{label} {floor.measure().p50:.2f} ms" for label, floor in agent_floor.items())
-        + " p50."
+        + " p50. After the rounds, a static C timer in each provider workspace starts /bin/true "
+        f"{bench.config.execs} times (vfork + execve + waitpid, what the spawner does, 2 ms apart): the process start "
+        "every exec pays, with nothing of Corral around it."
     )
 
 
