@@ -436,9 +436,11 @@ class _Wire:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
                 await self._drain()
+        except TimeoutError:  # what is left unread is dropped, so the pipes' own exit drain does not wait again
+            self._writer.transport.abort()
 
     def _observe(self, message: types.JSONRPCMessage) -> None:
         if isinstance(message, types.JSONRPCRequest) and message.method == "initialize":
